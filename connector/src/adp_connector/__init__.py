@@ -1,0 +1,1 @@
+"""ADP KV connector: NVMe/TCP host client, KV page store, vLLM adapter."""

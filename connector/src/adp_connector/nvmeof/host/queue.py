@@ -1,0 +1,386 @@
+"""One NVMe/TCP queue pair: a TCP connection, its ICReq/ICResp exchange, Connect, and pipelined commands.
+
+Threading model (documented in docs/host-client.md):
+
+* Any thread may call :meth:`QueuePair.submit`; it takes a command slot (blocking while ``depth``
+  commands are in flight), sends the capsule under the queue's send lock and returns a
+  :class:`~concurrent.futures.Future`.
+* One reader thread per queue receives PDUs. C2HData payloads are received with ``recv_into``
+  directly into the caller's buffer (no intermediate copy). CapsuleResp completes the future.
+* R2T-solicited H2CData is sent by a per-queue sender thread, never by the reader, so a large write
+  can never deadlock against a large read on the same connection.
+* Any transport or protocol failure fails every in-flight command with
+  :class:`~.errors.NvmeTransportError` and closes the queue; the controller decides about reconnecting.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from ..wire import pdu as P
+from ..wire.constants import PduFlags, PduType, SglId
+from ..wire.digest import crc32c, digest_bytes
+from ..wire.sqe import Cqe, Sqe, connect_cmd
+from ..wire.status import Status
+from ..wire.structs import ConnectData
+from .errors import NvmeConnectError, NvmeProtocolError, NvmeStatusError, NvmeTimeoutError, NvmeTransportError
+
+_H2C_HDR = struct.Struct("<BBBBIHHII4x")  # common header + H2CData specific header (24 bytes)
+_ADMIN_IN_CAPSULE = 8192  # fabrics and admin commands may always carry this much in-capsule
+
+
+@dataclass(slots=True)
+class QueueParams:
+    """What a queue negotiates and uses."""
+
+    hdgst: bool = False
+    ddgst: bool = False
+    connect_timeout: float = 10.0
+    in_capsule_bytes: int = _ADMIN_IN_CAPSULE  # I/O queues: from IOCCSZ once known
+
+
+class _Request:
+    __slots__ = ("buf", "c2h", "cid", "deadline", "error", "future", "received", "sqe", "what")
+
+    def __init__(self, cid: int, sqe: Sqe, buf: memoryview | None, c2h: bool, what: str,
+                 deadline: float) -> None:
+        self.cid = cid
+        self.c2h = c2h
+        self.sqe = sqe
+        self.buf = buf
+        self.what = what
+        self.deadline = deadline
+        self.received = 0
+        self.error: BaseException | None = None
+        self.future: Future[Cqe] = Future()
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` completely from ``sock``; EOF raises NvmeTransportError."""
+    pos, end = 0, len(view)
+    while pos < end:
+        n = sock.recv_into(view[pos:], end - pos)
+        if n == 0:
+            raise NvmeTransportError("connection closed by the target")
+        pos += n
+
+
+def _send_all(sock: socket.socket, bufs: list) -> None:
+    """sendmsg that survives partial sends."""
+    views = [memoryview(b).cast("B") for b in bufs if len(b)]
+    while views:
+        n = sock.sendmsg(views)
+        while n:
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+
+
+class QueuePair:
+    """A connected admin (qid 0) or I/O queue."""
+
+    def __init__(self, sock: socket.socket, qid: int, depth: int, params: QueueParams,
+                 on_failure: Callable[[QueuePair, BaseException], None] | None = None) -> None:
+        self.sock = sock
+        self.qid = qid
+        self.depth = depth
+        self.params = params
+        self.hdgst = False
+        self.ddgst = False
+        self.cpda = 0
+        self.maxh2cdata = 0
+        self._on_failure = on_failure
+        self._send_lock = threading.Lock()
+        self._slots = threading.Semaphore(depth)
+        self._free_cids = collections.deque(range(depth))
+        self._inflight: dict[int, _Request] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._r2t_jobs: collections.deque[tuple[_Request, P.R2T]] = collections.deque()
+        self._r2t_cv = threading.Condition()
+        self._reader: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        self.commands = 0
+
+    # ------------------------------------------------------------------------------------------------
+    # Bring-up
+
+    def initialize(self) -> None:
+        """ICReq/ICResp exchange (synchronously, before any thread starts)."""
+        self.sock.settimeout(self.params.connect_timeout)
+        try:
+            _send_all(self.sock, P.encode(P.ICReq(hdgst=self.params.hdgst, ddgst=self.params.ddgst)))
+            raw = bytearray(128)
+            _recv_exact(self.sock, memoryview(raw))
+        except OSError as e:
+            raise NvmeTransportError(f"ICReq/ICResp exchange failed: {e}") from e
+        try:
+            hdr = P.decode_header(raw, receiver_is_host=True)
+        except P.PduError as e:
+            raise NvmeProtocolError(f"bad ICResp: {e}") from e
+        resp = hdr.pdu
+        if isinstance(resp, P.TermReq):
+            raise NvmeTransportError(f"target refused the connection with C2HTermReq FES {resp.fes:#x}")
+        if not isinstance(resp, P.ICResp):
+            raise NvmeProtocolError(f"expected ICResp, got {type(resp).__name__}")
+        if resp.pfv != 0 or resp.cpda > 31 or resp.maxh2cdata < 4096 or resp.maxh2cdata % 4:
+            raise NvmeProtocolError(f"unacceptable ICResp {resp}")
+        if resp.hdgst != self.params.hdgst or resp.ddgst != self.params.ddgst:
+            raise NvmeProtocolError(f"target granted digests hdgst={resp.hdgst} ddgst={resp.ddgst}, "
+                                    f"asked hdgst={self.params.hdgst} ddgst={self.params.ddgst}")
+        self.hdgst, self.ddgst = resp.hdgst, resp.ddgst
+        self.cpda, self.maxh2cdata = resp.cpda, resp.maxh2cdata
+        self.sock.settimeout(None)
+        self._reader = threading.Thread(target=self._read_loop, name=f"nvme-q{self.qid}-rx", daemon=True)
+        self._reader.start()
+        self._sender = threading.Thread(target=self._send_loop, name=f"nvme-q{self.qid}-tx", daemon=True)
+        self._sender.start()
+
+    def connect(self, subnqn: str, hostnqn: str, hostid: bytes, cntlid: int, kato_ms: int,
+                timeout: float) -> int:
+        """Fabrics Connect; returns the controller id."""
+        sqe = connect_cmd(self.qid, self.depth + 1, kato_ms if self.qid == 0 else 0)
+        data = ConnectData(hostid, cntlid, subnqn, hostnqn).encode()
+        fut = self.submit(sqe, data=memoryview(data), what=f"Connect (qid {self.qid})", timeout=timeout)
+        try:
+            cqe = fut.result(timeout + 1)
+        except NvmeStatusError as e:
+            raise NvmeConnectError(e.status, f"Connect to {subnqn} as {hostnqn} (qid {self.qid})") from None
+        return cqe.dw0 & 0xFFFF
+
+    # ------------------------------------------------------------------------------------------------
+    # Submission
+
+    def submit(self, sqe: Sqe, data: memoryview | None = None, read_into: memoryview | None = None,
+               what: str = "", timeout: float = 30.0) -> Future[Cqe]:
+        """Send ``sqe``; ``data`` is host-to-controller payload, ``read_into`` the destination of C2H data.
+
+        The returned future yields the :class:`Cqe` on success and raises NvmeStatusError otherwise.
+        """
+        if self._failure is not None:
+            raise NvmeTransportError(f"queue {self.qid} is down: {self._failure}")
+        self._slots.acquire()
+        with self._lock:
+            if self._closed:
+                self._slots.release()
+                raise NvmeTransportError(f"queue {self.qid} is closed: {self._failure}")
+            cid = self._free_cids.popleft()
+            buf = data if data is not None else read_into
+            req = _Request(cid, sqe, buf, read_into is not None, what or f"opcode {sqe.opcode:#x}",
+                           time.monotonic() + timeout)
+            self._inflight[cid] = req
+        sqe.cid = cid
+        length = len(data) if data is not None else (len(read_into) if read_into is not None else 0)
+        sqe.sgl_len = length
+        in_capsule = data is not None and length <= self._in_capsule_limit(sqe)
+        sqe.sgl_id = SglId.DATA_BLOCK_OFFSET if in_capsule else SglId.TRANSPORT_DATA_BLOCK
+        sqe.sgl_addr = 0
+        bufs = P.encode(P.CapsuleCmd(sqe.encode(), data if in_capsule else b""), self.hdgst, self.ddgst,
+                        self.cpda)
+        try:
+            with self._send_lock:
+                _send_all(self.sock, bufs)
+        except OSError as e:
+            self._fail(NvmeTransportError(f"send failed on queue {self.qid}: {e}"))
+        self.commands += 1
+        return req.future
+
+    def _in_capsule_limit(self, sqe: Sqe) -> int:
+        if self.qid == 0 or sqe.opcode == 0x7F:
+            return _ADMIN_IN_CAPSULE
+        return self.params.in_capsule_bytes
+
+    def _complete(self, req: _Request, cqe: Cqe | None, error: BaseException | None) -> None:
+        with self._lock:
+            if self._inflight.pop(req.cid, None) is None:
+                return
+            self._free_cids.append(req.cid)
+        self._slots.release()
+        err = error or req.error
+        if err is None and cqe is not None and not cqe.status.ok:
+            err = NvmeStatusError(cqe.status, req.what)
+        if err is None and cqe is not None and req.c2h and req.buf is not None and req.received != len(req.buf):
+            err = NvmeProtocolError(f"{req.what}: short data-in ({req.received} of {len(req.buf)} bytes)")
+        if err is not None:
+            req.future.set_exception(err)
+        else:
+            req.future.set_result(cqe)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------------------------------------
+    # Receive path
+
+    def _read_loop(self) -> None:
+        sock = self.sock
+        hdr = bytearray(28)
+        hv = memoryview(hdr)
+        pad = bytearray(256)
+        dg = bytearray(4)
+        try:
+            while True:
+                _recv_exact(sock, hv[:24])
+                span = 28 if hdr[1] & PduFlags.HDGSTF else 24
+                if span == 28:
+                    _recv_exact(sock, hv[24:28])
+                try:
+                    h = P.decode_header(hv[:span], receiver_is_host=True, hdgst=self.hdgst, ddgst=self.ddgst)
+                except P.PduError as e:
+                    raise NvmeProtocolError(f"malformed PDU from target: {e}") from e
+                pdu = h.pdu
+                t = h.ch.type
+                if t == PduType.CAPSULE_RESP:
+                    cqe = Cqe.decode(pdu.cqe)
+                    req = self._inflight.get(cqe.cid)
+                    if req is None:
+                        raise NvmeProtocolError(f"completion for unknown command id {cqe.cid}")
+                    self._complete(req, cqe, None)
+                elif t == PduType.C2H_DATA:
+                    req = self._inflight.get(pdu.cccid)
+                    if req is None or not req.c2h or req.buf is None:
+                        raise NvmeProtocolError(f"C2HData for unknown or data-less command id {pdu.cccid}")
+                    if h.data_offset > span:
+                        _recv_exact(sock, memoryview(pad)[: h.data_offset - span])
+                    end = pdu.datao + h.data_len
+                    if pdu.datao != req.received or end > len(req.buf):
+                        raise NvmeProtocolError(f"C2HData out of range: offset {pdu.datao} length {h.data_len} "
+                                                f"(expected offset {req.received}, buffer {len(req.buf)})")
+                    dest = req.buf[pdu.datao:end]
+                    _recv_exact(sock, dest)
+                    if h.has_ddgst:
+                        _recv_exact(sock, memoryview(dg))
+                        if int.from_bytes(dg, "little") != crc32c(dest):
+                            req.error = NvmeStatusError(Status.named("DATA_TRANSFER_ERROR"),
+                                                        f"{req.what}: C2HData digest mismatch")
+                    req.received = end
+                    if pdu.success and pdu.last:
+                        self._complete(req, Cqe(cid=req.cid, sqid=self.qid), None)
+                elif t == PduType.R2T:
+                    self._queue_r2t(pdu)
+                elif t == PduType.C2H_TERM_REQ:
+                    rest = bytearray(h.data_len)
+                    _recv_exact(sock, memoryview(rest))
+                    raise NvmeTransportError(f"target terminated the connection: C2HTermReq FES {pdu.fes:#x} "
+                                             f"FEI {pdu.fei:#x}")
+                else:
+                    raise NvmeProtocolError(f"unexpected PDU type {t:#x}")
+        except NvmeTransportError as e:
+            self._fail(e)
+        except OSError as e:
+            self._fail(NvmeTransportError(f"receive failed on queue {self.qid}: {e}"))
+        except Exception as e:  # a bug must not leave callers hanging
+            self._fail(NvmeTransportError(f"queue {self.qid} reader crashed: {e!r}"))
+
+    # ------------------------------------------------------------------------------------------------
+    # R2T -> H2CData
+
+    def _queue_r2t(self, r2t: P.R2T) -> None:
+        req = self._inflight.get(r2t.cccid)
+        if req is None or req.c2h or req.buf is None or r2t.r2tl == 0 or r2t.r2to + r2t.r2tl > len(req.buf):
+            raise NvmeProtocolError(f"R2T out of range or for unknown command: {r2t}")
+        with self._r2t_cv:
+            self._r2t_jobs.append((req, r2t))
+            self._r2t_cv.notify()
+
+    def _send_loop(self) -> None:
+        try:
+            while True:
+                with self._r2t_cv:
+                    while not self._r2t_jobs and not self._closed:
+                        self._r2t_cv.wait()
+                    if self._closed:
+                        return
+                    req, r2t = self._r2t_jobs.popleft()
+                self._send_h2c(req, r2t)
+        except OSError as e:
+            self._fail(NvmeTransportError(f"send failed on queue {self.qid}: {e}"))
+
+    def _send_h2c(self, req: _Request, r2t: P.R2T) -> None:
+        assert req.buf is not None
+        chunk = self.maxh2cdata
+        off, end = r2t.r2to, r2t.r2to + r2t.r2tl
+        hlen_h = 24 + (4 if self.hdgst else 0)
+        if self.cpda:
+            align = (self.cpda + 1) * 4
+            pdo = -(-hlen_h // align) * align
+        else:
+            pdo = hlen_h
+        with self._send_lock:
+            while off < end:
+                n = min(chunk, end - off)
+                data = req.buf[off : off + n]
+                flags = (PduFlags.DATA_LAST if off + n == end else 0)
+                flags |= (PduFlags.HDGSTF if self.hdgst else 0) | (PduFlags.DDGSTF if self.ddgst else 0)
+                plen = pdo + n + (4 if self.ddgst else 0)
+                hdr = bytearray(_H2C_HDR.pack(PduType.H2C_DATA, flags, 24, pdo, plen, r2t.cccid, r2t.ttag, off, n))
+                if self.hdgst:
+                    hdr += digest_bytes(hdr)
+                if pdo > len(hdr):
+                    hdr += bytes(pdo - len(hdr))
+                bufs = [hdr, data]
+                if self.ddgst:
+                    bufs.append(digest_bytes(data))
+                _send_all(self.sock, bufs)
+                off += n
+
+    # ------------------------------------------------------------------------------------------------
+    # Failure, timeouts, shutdown
+
+    def expire(self, now: float) -> bool:
+        """Fail the queue if any command is past its deadline; returns True if it did."""
+        with self._lock:
+            late = [r for r in self._inflight.values() if r.deadline < now]
+        if not late:
+            return False
+        r = late[0]
+        self._fail(NvmeTimeoutError(f"{r.what} timed out on queue {self.qid}"), timeout=True)
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self._failure is None and not self._closed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def _fail(self, error: BaseException, timeout: bool = False) -> None:
+        with self._lock:
+            first = self._failure is None
+            if first:
+                self._failure = error
+            self._closed = True
+            pending = list(self._inflight.values())
+        with self._r2t_cv:
+            self._r2t_cv.notify_all()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for req in pending:
+            err = error if timeout else NvmeTransportError(f"{req.what}: {error}")
+            self._complete(req, None, err)
+        if first and self._on_failure is not None:
+            self._on_failure(self, error)
+
+    def close(self) -> None:
+        """Close the connection; in-flight commands fail."""
+        if not self._closed:
+            self._on_failure = None
+            self._fail(NvmeTransportError(f"queue {self.qid} closed by the host"))
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        for t in (self._reader, self._sender):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=2)

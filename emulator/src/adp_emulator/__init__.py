@@ -1,0 +1,1 @@
+"""ADP emulator: a software ADP exporting a real NVMe-oF (TCP) target."""

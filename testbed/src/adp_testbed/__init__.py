@@ -1,0 +1,1 @@
+"""ADP testbed: bring targets up and down, run A/B benchmarks."""
