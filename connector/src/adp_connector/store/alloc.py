@@ -71,4 +71,4 @@ class ExtentAllocator:
 
     def extents(self) -> list[tuple[int, int]]:
         """The free extents, for tests."""
-        return list(zip(self._starts, self._lens))
+        return list(zip(self._starts, self._lens, strict=True))

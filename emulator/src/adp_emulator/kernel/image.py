@@ -11,6 +11,7 @@ pattern files) is appended as a second small cpio (see :func:`run_cpio`), the ba
 
 from __future__ import annotations
 
+import fcntl
 import json
 import lzma
 import os
@@ -28,6 +29,8 @@ from adp_emulator.kernel.tools import KernelBackendError, MissingDependencyError
 #: Bump when the layout of base.cpio.gz or /init changes, so stale caches are rebuilt.
 IMAGE_FORMAT = 3
 META_PACKAGE = "linux-image-amd64"
+#: Tried in order; Ubuntu's meta package (untested here) splits modules into linux-modules[-extra]-<ver>.
+META_PACKAGES = (META_PACKAGE, "linux-image-generic")
 BUSYBOX_PACKAGE = "busybox-static"
 
 #: Module groups, loaded by name from the guest scripts (``adp_load <group>``).  Names as in
@@ -116,14 +119,14 @@ def resolve_kernel_package() -> str:
     if env:
         return env
     require_tools("apt-cache")
-    out = subprocess.run(["apt-cache", "depends", META_PACKAGE], capture_output=True, text=True,
-                         check=False).stdout
-    m = re.search(r"Depends:\s*(linux-image-\d\S*)", out)
-    if not m:
-        raise MissingDependencyError(
-            f"apt-cache knows no {META_PACKAGE} (no package lists?); run: apt-get update "
-            f"(needs a Debian/Ubuntu sources list), or set ADP_KV_KERNEL_PACKAGE=linux-image-<version>")
-    return m.group(1)
+    for meta in META_PACKAGES:
+        out = subprocess.run(["apt-cache", "depends", meta], capture_output=True, text=True, check=False).stdout
+        m = re.search(r"Depends:\s*(linux-image-(?:unsigned-)?\d\S*)", out)
+        if m:
+            return m.group(1).replace("linux-image-unsigned-", "linux-image-")
+    raise MissingDependencyError(
+        f"apt-cache knows none of {', '.join(META_PACKAGES)} (no package lists?); run: apt-get update "
+        f"(needs a Debian/Ubuntu sources list), or set ADP_KV_KERNEL_PACKAGE=linux-image-<version>")
 
 
 def kernel_version_of(package: str) -> str:
@@ -176,16 +179,26 @@ def _module_bytes(path: Path) -> bytes:
     data = path.read_bytes()
     if path.suffix == ".xz":
         return lzma.decompress(data)
-    if path.suffix in (".zst", ".gz"):
-        if path.suffix == ".gz":
-            import gzip
-            return gzip.decompress(data)
-        raise KernelBackendError(f"zstd-compressed module {path.name}: not supported by this builder")
+    if path.suffix == ".gz":
+        import gzip
+        return gzip.decompress(data)
+    if path.suffix == ".zst":
+        zstd = require_tools("zstd")["zstd"]
+        return subprocess.run([zstd, "-dc", str(path)], capture_output=True, check=True).stdout
     return data
 
 
-def build_guest_image(cache: Path | None = None, package: str | None = None, force: bool = False,
-                      log: bool = False) -> GuestImage:
+def _extra_module_packages(kver: str) -> list[str]:
+    """Ubuntu ships modules in separate packages; return those that exist for ``kver``."""
+    out: list[str] = []
+    for name in (f"linux-modules-{kver}", f"linux-modules-extra-{kver}"):
+        r = subprocess.run(["apt-cache", "show", "--no-all-versions", name], capture_output=True, check=False)
+        if r.returncode == 0 and r.stdout.strip():
+            out.append(name)
+    return out
+
+
+def build_guest_image(cache: Path | None = None, package: str | None = None, force: bool = False) -> GuestImage:
     """Return the cached guest image, building it first if absent (a few seconds + one download)."""
     package = package or resolve_kernel_package()
     kver = kernel_version_of(package)
@@ -194,6 +207,14 @@ def build_guest_image(cache: Path | None = None, package: str | None = None, for
         img = GuestImage.load(dest)
         if img is not None:
             return img
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the others then find the result
+        img = None if force else GuestImage.load(dest)
+        return img or _build(dest, package, kver)
+
+
+def _build(dest: Path, package: str, kver: str) -> GuestImage:
     tools = require_tools("apt-get", "dpkg-deb", "depmod")
     t0 = time.monotonic()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +225,8 @@ def build_guest_image(cache: Path | None = None, package: str | None = None, for
         os.chmod(tmp, 0o755)
         os.chmod(dl, 0o777)  # lets apt's sandbox user write there when we run as root
         try:
-            _run([tools["apt-get"], "download", "-q", package, BUSYBOX_PACKAGE], cwd=dl)
+            _run([tools["apt-get"], "download", "-q", package, *_extra_module_packages(kver), BUSYBOX_PACKAGE],
+                 cwd=dl)
         except KernelBackendError as e:
             raise MissingDependencyError(
                 f"could not download {package} / {BUSYBOX_PACKAGE} with apt-get download "

@@ -112,6 +112,7 @@ class QueuePair:
         self._reader: threading.Thread | None = None
         self._sender: threading.Thread | None = None
         self.commands = 0
+        self.max_in_flight = 0
 
     # ------------------------------------------------------------------------------------------------
     # Bring-up
@@ -180,6 +181,8 @@ class QueuePair:
             req = _Request(cid, sqe, buf, read_into is not None, what or f"opcode {sqe.opcode:#x}",
                            time.monotonic() + timeout)
             self._inflight[cid] = req
+            if len(self._inflight) > self.max_in_flight:
+                self.max_in_flight = len(self._inflight)
         sqe.cid = cid
         length = len(data) if data is not None else (len(read_into) if read_into is not None else 0)
         sqe.sgl_len = length
@@ -204,9 +207,13 @@ class QueuePair:
     def _complete(self, req: _Request, cqe: Cqe | None, error: BaseException | None) -> None:
         with self._lock:
             if self._inflight.pop(req.cid, None) is None:
-                return
+                return  # already failed by _fail
             self._free_cids.append(req.cid)
         self._slots.release()
+        self._resolve(req, cqe, error)
+
+    @staticmethod
+    def _resolve(req: _Request, cqe: Cqe | None, error: BaseException | None) -> None:
         err = error or req.error
         if err is None and cqe is not None and not cqe.status.ok:
             err = NvmeStatusError(cqe.status, req.what)
@@ -360,6 +367,8 @@ class QueuePair:
                 self._failure = error
             self._closed = True
             pending = list(self._inflight.values())
+            self._inflight.clear()
+            self._free_cids.extend(r.cid for r in pending)
         with self._r2t_cv:
             self._r2t_cv.notify_all()
         try:
@@ -367,8 +376,9 @@ class QueuePair:
         except OSError:
             pass
         for req in pending:
+            self._slots.release()
             err = error if timeout else NvmeTransportError(f"{req.what}: {error}")
-            self._complete(req, None, err)
+            self._resolve(req, None, err)
         if first and self._on_failure is not None:
             self._on_failure(self, error)
 

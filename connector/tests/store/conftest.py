@@ -1,0 +1,56 @@
+"""Fixtures of the page-store tests: devices and store configs tuned for fast tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from memdevice import FileBacking, MemDevice  # noqa: E402
+
+from adp_connector.store import StoreConfig  # noqa: E402
+
+
+def fast_config(**kw: object) -> StoreConfig:
+    """A StoreConfig for tests: tiny claim settle, no background threads, few partitions."""
+    base: dict[str, object] = {"claim_settle_s": 0.002, "heartbeat_interval_s": 0, "partitions": 4,
+                               "avg_page_bytes": 16 << 10}
+    base.update(kw)
+    return StoreConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["mem", "file"])
+def device_factory(request: pytest.FixtureRequest, tmp_path) -> Callable[..., MemDevice]:
+    """Make devices of one kind; ``reopen=True`` returns a new device over the same state (a target restart).
+
+    The lead wires the NVMe/TCP client (userspace and kernel targets) in here as further params.
+    """
+    kind = request.param
+    made: list[MemDevice] = []
+    state: dict[str, object] = {}
+
+    def make(capacity: int = 8 << 20, lba_size: int = 512, max_transfer: int = 128 << 10,
+             reopen: bool = False) -> MemDevice:
+        if kind == "mem":
+            if reopen:
+                old = made[-1]
+                dev = MemDevice(capacity, lba_size, max_transfer)
+                dev.backing.buf[:] = old.image()
+            else:
+                dev = MemDevice(capacity, lba_size, max_transfer)
+        else:
+            path = state.setdefault("path", str(tmp_path / "ns.img"))
+            if not reopen and os.path.exists(path):  # type: ignore[arg-type]
+                os.unlink(path)  # type: ignore[arg-type]
+            dev = MemDevice(capacity, lba_size, max_transfer, backing=FileBacking(path, capacity))  # type: ignore[arg-type]
+        made.append(dev)
+        return dev
+
+    yield make
+    for d in made:
+        if not d.closed:
+            d.close()

@@ -1,0 +1,54 @@
+"""Per-queue and per-namespace statistics: commands, bytes, errors and a latency histogram.
+
+Each queue's counters are written by that queue's thread only (no locks on the hot path);
+namespace totals are the sum of live queues plus what closed queues left behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Histogram bucket i counts commands whose latency in microseconds has bit_length() == i,
+#: i.e. bucket 0: < 1 us, 1: 1 us, 2: 2-3 us, ..., 10: 512-1023 us, ... (capped at the last bucket).
+HIST_BUCKETS = 32
+
+
+class IoCounters:
+    """Counters for one queue (or one namespace aggregate)."""
+
+    __slots__ = ("bytes_read", "bytes_written", "commands", "errors", "hist", "reads", "writes")
+
+    def __init__(self) -> None:
+        self.commands = 0
+        self.reads = 0
+        self.writes = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.errors = 0
+        self.hist = [0] * HIST_BUCKETS
+
+    def record_latency(self, ns: int) -> None:
+        b = (ns // 1000).bit_length()
+        self.hist[b if b < HIST_BUCKETS else HIST_BUCKETS - 1] += 1
+
+    def add(self, other: IoCounters) -> None:
+        self.commands += other.commands
+        self.reads += other.reads
+        self.writes += other.writes
+        self.bytes_read += other.bytes_read
+        self.bytes_written += other.bytes_written
+        self.errors += other.errors
+        for i, v in enumerate(other.hist):
+            self.hist[i] += v
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able snapshot; ``latency_us_log2`` maps a bucket's lower bound (us) to its count."""
+        return {
+            "commands": self.commands,
+            "reads": self.reads,
+            "writes": self.writes,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "errors": self.errors,
+            "latency_us_log2": {str((1 << i) >> 1): n for i, n in enumerate(self.hist) if n},
+        }

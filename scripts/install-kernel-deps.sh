@@ -1,0 +1,15 @@
+#!/bin/sh
+# Host packages for the kernel nvmet backend (emulator/src/adp_emulator/kernel) and its tests.
+# Debian/Ubuntu; run as root or with sudo.  CI runs exactly this.
+#   qemu-system-x86  qemu-system-x86_64 (boots the guest; TCG works without /dev/kvm)
+#   kmod             depmod (writes modules.dep for the unpacked kernel package)
+#   cpio             only for a test that cross-checks our cpio writer
+#   apt, dpkg        apt-get download / dpkg-deb -x (present on every Debian system)
+# The guest kernel (linux-image-<ver>-amd64) and busybox-static are NOT installed: the image builder
+# fetches them with `apt-get download` into ${ADP_KV_CACHE:-~/.cache/adp-kv}/guest/<kernel-version>/.
+set -eu
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+$SUDO apt-get update
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends \
+  qemu-system-x86 kmod cpio ca-certificates debian-archive-keyring

@@ -1,0 +1,179 @@
+"""Data-path benchmark: NVMe/TCP client read/write throughput vs a plain loopback TCP stream.
+
+For each (operation, pattern, request size, I/O queues, outstanding requests) it runs the ONE host
+client against a target for a fixed time and reports GB/s and IOPS; in the same run it measures
+plain Python loopback TCP streams with the same number of connections (the ceiling) and prints the
+ratio. Against the local userspace emulator by default, or ``--target ADDR:PORT --nqn NQN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+
+from adp_connector.nvmeof.host import Controller, HostConfig
+
+from ..sizes import format_size, parse_size
+from ..targets import LocalTarget
+from .stream import StreamServer
+
+PRESETS = {
+    "quick": dict(sizes=["128K", "1M", "4M"], queues=[1, 2], depths=[1, 16], patterns=["seq"],
+                  ops=["read", "write"], seconds=0.5),
+    "full": dict(sizes=["64K", "128K", "256K", "1M", "4M"], queues=[1, 2, 4, 8], depths=[1, 4, 16, 64],
+                 patterns=["seq", "rand"], ops=["read", "write"], seconds=1.0),
+}
+
+
+@dataclass
+class Row:
+    op: str
+    pattern: str
+    size: int
+    queues: int
+    depth: int
+    seconds: float
+    bytes: int
+    gbps: float
+    iops: float
+    ceiling_gbps: float
+    ratio: float
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    p.add_argument("--sizes", help="comma-separated request sizes (e.g. 64K,1M)")
+    p.add_argument("--queues", help="comma-separated I/O queue counts")
+    p.add_argument("--depths", help="comma-separated outstanding-request counts")
+    p.add_argument("--patterns", help="seq,rand")
+    p.add_argument("--ops", help="read,write")
+    p.add_argument("--seconds", type=float, help="time per point")
+    p.add_argument("--working-set", type=parse_size, default=parse_size("256M"), help="bytes of the namespace used")
+    p.add_argument("--mdts", type=parse_size, default=parse_size("128K"), help="emulator MDTS (local target only)")
+    p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); skips the local emulator")
+    p.add_argument("--nqn", help="subsystem NQN with --target (default: ask the discovery controller)")
+    p.add_argument("--json", help="write results to this file")
+
+
+def _list(text: str | None, default: list, conv=str) -> list:
+    return [conv(x) for x in text.split(",")] if text else [conv(x) for x in default]
+
+
+def run_point(ctrl: Controller, op: str, pattern: str, size: int, depth: int, seconds: float,
+              working_set: int) -> tuple[int, float]:
+    """Keep ``depth`` requests of ``size`` outstanding for ``seconds``; returns (bytes, elapsed)."""
+    slots = max(1, working_set // size)
+    rng = random.Random(size * 31 + depth)
+    bufs = [memoryview(bytearray(os.urandom(64)) * (size // 64)) for _ in range(depth)]
+    inflight: deque[tuple[Future[None], int]] = deque()
+    submit = ctrl.submit_read if op == "read" else ctrl.submit_write
+    nxt = 0
+    done_bytes = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    free = list(range(depth))
+    while True:
+        now = time.perf_counter()
+        while free and now < deadline:
+            i = free.pop()
+            slot = nxt % slots if pattern == "seq" else rng.randrange(slots)
+            nxt += 1
+            inflight.append((submit(slot * size, bufs[i]), i))
+        if not inflight:
+            break
+        fut, i = inflight.popleft()
+        fut.result(60)
+        done_bytes += size
+        free.append(i)
+    return done_bytes, time.perf_counter() - t0
+
+
+def main(args: argparse.Namespace) -> int:
+    preset = PRESETS[args.preset]
+    sizes = _list(args.sizes, preset["sizes"], parse_size)
+    queues = _list(args.queues, preset["queues"], int)
+    depths = _list(args.depths, preset["depths"], int)
+    patterns = _list(args.patterns, preset["patterns"])
+    ops = _list(args.ops, preset["ops"])
+    seconds = args.seconds or preset["seconds"]
+    ws = args.working_set
+    local = None
+    if args.target:
+        host, _, port = args.target.rpartition(":")
+        addr, nqn = host, args.nqn
+        port_i = int(port)
+    else:
+        local = LocalTarget(capacity=max(ws * 2, 1 << 30), mdts=args.mdts)
+        got = local.__enter__()
+        addr, port_i, nqn = got.traddr, got.trsvcid, got.subnqn
+    rows: list[Row] = []
+    ceilings: dict[tuple[str, int, int], float] = {}
+    try:
+        with StreamServer(addr if addr in ("127.0.0.1", "::1", "localhost") else "127.0.0.1") as stream:
+            for q in queues:
+                cfg = HostConfig(traddr=addr, trsvcid=port_i, subnqn=nqn, io_queues=q, queue_depth=128)
+                with Controller.connect(cfg) as ctrl:
+                    ws_eff = min(ws, ctrl.capacity_bytes)
+                    if "read" in ops:  # make reads hit written data
+                        fill = memoryview(bytearray(os.urandom(1 << 20)) * 4)
+                        for off in range(0, ws_eff - len(fill) + 1, len(fill)):
+                            ctrl.write(off, fill)
+                    print(f"# target {addr}:{port_i} {ctrl.config.subnqn}: MDTS {format_size(ctrl.max_transfer_bytes)}"
+                          f", {q} I/O queue(s)", file=sys.stderr)
+                    for op in ops:
+                        for size in sizes:
+                            key = (op, q, size)
+                            if key not in ceilings:
+                                total = max(256 << 20, size * q * 8)
+                                ceilings[key] = max(stream.measure(q, total, min(size, 1 << 20), op)
+                                                    for _ in range(2))
+                            for pattern in patterns:
+                                for depth in depths:
+                                    n, dt = run_point(ctrl, op, pattern, size, depth, seconds, ws_eff)
+                                    gbps = n / dt / 1e9
+                                    r = Row(op, pattern, size, q, depth, round(dt, 3), n, round(gbps, 3),
+                                            round(n / size / dt), round(ceilings[key], 3),
+                                            round(gbps / ceilings[key], 3))
+                                    rows.append(r)
+                                    print(f"{op:5} {pattern:4} {format_size(size):>5} q={q} qd={depth:<3} "
+                                          f"{gbps:7.3f} GB/s {r.iops:9.0f} IOPS  ceiling {r.ceiling_gbps:6.3f}  "
+                                          f"ratio {r.ratio:5.2f}", flush=True)
+    finally:
+        if local is not None:
+            local.__exit__(None, None, None)
+    summary = summarize(rows)
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": [asdict(r) for r in rows], "summary": summary,
+                       "threads": threading.active_count()}, f, indent=2)
+    return 0
+
+
+def summarize(rows: list[Row]) -> dict:
+    """Best read ratio with one queue, and read GB/s per queue count (does it scale?)."""
+    out: dict = {}
+    reads1 = [r for r in rows if r.op == "read" and r.queues == 1]
+    if reads1:
+        best = max(reads1, key=lambda r: r.ratio)
+        out["one_queue_read_best"] = {"gbps": best.gbps, "ceiling_gbps": best.ceiling_gbps, "ratio": best.ratio,
+                                      "size": best.size, "depth": best.depth}
+    by_q: dict[int, float] = {}
+    for r in rows:
+        if r.op == "read":
+            by_q[r.queues] = max(by_q.get(r.queues, 0.0), r.gbps)
+    out["read_gbps_by_queues"] = by_q
+    wr = [r for r in rows if r.op == "write"]
+    if wr:
+        best = max(wr, key=lambda r: r.gbps)
+        out["write_best"] = {"gbps": best.gbps, "ratio": best.ratio, "size": best.size, "queues": best.queues,
+                             "depth": best.depth}
+    return out

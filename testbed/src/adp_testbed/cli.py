@@ -1,0 +1,220 @@
+"""`testbed`: bring a local NVMe/TCP target up and down, show its status, run benchmarks and the demo.
+
+    testbed up [--backend user|kernel] [--port 4420] [--capacity 1G] ...
+    testbed status [--json]
+    testbed down
+    testbed bench datapath [--preset quick|full] [--target ADDR:PORT --nqn NQN]
+    testbed demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import state as S
+from . import targets as T
+from .sizes import parse_size
+
+DEFAULT_NQN = "nqn.2026-11.io.awide:adp-kv"
+
+
+class CliError(Exception):
+    """A problem reported to the user as one line, exit status 2."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# up / down / status
+
+
+def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
+    if args.port and S.port_busy(args.host, args.port):
+        raise CliError(f"port {args.port} on {args.host} is busy (another process listens there); "
+                       f"choose another with --port")
+    cmd = T.userspace_command(
+        host=args.host, port=args.port, config=args.config,
+        nqn=None if args.config else args.nqn, capacity=None if args.config else args.capacity,
+        lba_size=None if args.config else args.lba_size, mdts=None if args.config else args.mdts,
+        backing=args.backing, allow_hosts=args.allow_host, allow_any_host=args.allow_any_host)
+    try:
+        got = T.launch_userspace(cmd, sdir / "target.log", timeout=args.timeout)
+    except T.LaunchError as e:
+        raise CliError(str(e)) from None
+    return S.TargetState(backend="user", traddr=got.traddr, trsvcid=got.trsvcid, subnqn=got.subnqn,
+                         pid=got.proc.pid, hosted="host", log=str(got.log))
+
+
+def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
+    log_path = sdir / "target.log"
+    cmd = [sys.executable, "-u", "-m", "adp_emulator", "kernel-serve", "--port", str(args.port or 4420),
+           "--state-dir", str(sdir)]
+    if args.config:
+        cmd += ["--config", str(Path(args.config).resolve())]
+    else:
+        cmd += ["--nqn", args.nqn, "--capacity", str(args.capacity)]
+    if args.port and S.port_busy("127.0.0.1", args.port):
+        raise CliError(f"port {args.port} on 127.0.0.1 is busy; choose another with --port")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + max(args.timeout, 60)
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        for line in text.splitlines():
+            if line.startswith("ADP-KERNEL-TARGET READY"):
+                info = json.loads(line.split(maxsplit=2)[2])
+                return S.TargetState(backend="kernel", traddr=info["traddr"], trsvcid=int(info["trsvcid"]),
+                                     subnqn=info["subnqn"], pid=proc.pid, hosted=info.get("hosted", "vm"),
+                                     log=str(log_path), extra={k: v for k, v in info.items()
+                                                               if k not in ("traddr", "trsvcid", "subnqn")})
+        if proc.poll() is not None:
+            tail = "\n".join(text.splitlines()[-15:])
+            raise CliError(f"the kernel target exited with status {proc.returncode} before it was ready:\n{tail}")
+        time.sleep(0.1)
+    S.stop_pid(proc.pid)
+    raise CliError(f"the kernel target was not ready in time (log: {log_path})")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    sdir = S.state_dir(args.state_dir)
+    old = S.load(sdir)
+    if old is not None:
+        if S.pid_alive(old.pid):
+            raise CliError(f"a {old.backend} target is already up at {old.traddr}:{old.trsvcid} (pid {old.pid}); "
+                           f"run `testbed down` first")
+        print(f"note: removed stale state of a target (pid {old.pid}) that is no longer running", file=sys.stderr)
+        S.clear(sdir)
+    st = _spawn_kernel(args, sdir) if args.backend == "kernel" else _spawn_userspace(args, sdir)
+    S.save(sdir, st)
+    print(f"{st.backend} target up: {st.traddr}:{st.trsvcid} {st.subnqn} (pid {st.pid}, {st.hosted})")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    sdir = S.state_dir(args.state_dir)
+    try:
+        st = S.load(sdir)
+    except S.StateError:
+        if not args.force:
+            raise
+        S.clear(sdir)
+        print("removed an unreadable state file")
+        return 0
+    if st is None:
+        print("no target is up")
+        return 0
+    if S.pid_alive(st.pid) and not S.stop_pid(st.pid):
+        raise CliError(f"could not stop pid {st.pid}")
+    S.clear(sdir)
+    print(f"{st.backend} target at {st.traddr}:{st.trsvcid} stopped")
+    return 0
+
+
+def status_dict(sdir: Path) -> dict:
+    st = S.load(sdir)
+    if st is None:
+        return {"running": False, "backend": None, "traddr": None, "trsvcid": None, "subnqn": None,
+                "mgmt_url": None, "hosted": None}
+    d = st.to_json()
+    d["running"] = S.pid_alive(st.pid)
+    if not d["running"]:
+        d["stale"] = True
+    return d
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    d = status_dict(S.state_dir(args.state_dir))
+    if args.json:
+        print(json.dumps(d, indent=2))
+    elif d["backend"] is None:
+        print("no target is up")
+    else:
+        state = "running" if d["running"] else "NOT running (stale state; `testbed up` will replace it)"
+        print(f"{d['backend']} target {state}\n  address  {d['traddr']}:{d['trsvcid']}\n  subnqn   {d['subnqn']}\n"
+              f"  hosted   {d['hosted']}\n  pid      {d['pid']}\n  mgmt     {d['mgmt_url'] or '-'}\n"
+              f"  log      {d.get('log') or '-'}")
+    return 0 if d["running"] or d["backend"] is None else 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# bench / demo
+
+
+def cmd_bench_datapath(args: argparse.Namespace) -> int:
+    from .bench import datapath
+
+    return datapath.main(args)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    return demo.main(args)
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def _target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["user", "kernel"], default="user",
+                   help="user: our userspace NVMe/TCP target; kernel: Linux nvmet (in a QEMU VM if needed)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (userspace backend)")
+    p.add_argument("--port", type=int, default=4420, help="TCP port (0: any free port)")
+    p.add_argument("--nqn", default=DEFAULT_NQN, help="subsystem NQN")
+    p.add_argument("--capacity", type=parse_size, default=parse_size("1G"), help="namespace size (e.g. 1G)")
+    p.add_argument("--lba-size", type=int, choices=[512, 4096], default=4096)
+    p.add_argument("--mdts", type=parse_size, default=parse_size("128K"), help="max data transfer size")
+    p.add_argument("--backing", help="file backing the namespace (persists across restarts); default RAM")
+    p.add_argument("--config", help="nvmetcli JSON configuration (overrides --nqn/--capacity/...)")
+    p.add_argument("--allow-host", action="append", help="host NQN allowed to connect (repeatable)")
+    p.add_argument("--allow-any-host", action="store_true", help="allow any host NQN (default only on loopback)")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the target to be ready")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="testbed", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--state-dir", default=None, help="where the target's state lives (default $ADP_KV_STATE_DIR "
+                    "or ~/.local/state/adp-kv)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a local target in the background")
+    _target_args(up)
+    up.set_defaults(func=cmd_up)
+    down = sub.add_parser("down", help="stop the local target")
+    down.add_argument("--force", action="store_true", help="also remove an unreadable state file")
+    down.set_defaults(func=cmd_down)
+    st = sub.add_parser("status", help="show the local target")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bsub = bench.add_subparsers(dest="scenario", required=True)
+    dp = bsub.add_parser("datapath", help="NVMe/TCP client read/write GB/s vs a plain loopback TCP stream")
+    from .bench.datapath import add_arguments
+
+    add_arguments(dp)
+    dp.set_defaults(func=cmd_bench_datapath)
+    demo = sub.add_parser("demo", help="bring up a target, move data through it, print the results")
+    demo.add_argument("--json", help="also write the results to this JSON file")
+    demo.set_defaults(func=cmd_demo)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "state_dir", None) is None:
+        args.state_dir = os.environ.get("ADP_KV_STATE_DIR")
+    try:
+        return args.func(args)
+    except (CliError, S.StateError) as e:
+        print(f"testbed: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
