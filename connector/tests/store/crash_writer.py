@@ -33,7 +33,7 @@ def payload_of(i: int) -> bytes:
 def open_store(path: str, capacity: int) -> PageStore:
     """Open the store the way both the child and the verifying parent do."""
     dev = MemDevice(capacity, 512, 64 << 10, backing=FileBacking(path, capacity))
-    return PageStore(dev, StoreConfig(claim_settle_s=0.002, heartbeat_interval_s=0, partitions=2,
+    return PageStore(dev, StoreConfig(claim_settle_s=0.01, heartbeat_interval_s=0, partitions=2,
                                       avg_page_bytes=64 << 10, writer_id=WRITER, inline_bytes=64 << 10))
 
 

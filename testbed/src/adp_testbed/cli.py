@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from . import state as S
@@ -50,34 +48,27 @@ def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
 
 
 def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
-    log_path = sdir / "target.log"
-    cmd = [sys.executable, "-u", "-m", "adp_emulator", "kernel-serve", "--port", str(args.port or 4420),
-           "--state-dir", str(sdir)]
+    """The Linux kernel target: nvmet on this kernel if it has it, else a QEMU guest (which outlives us)."""
+    from adp_emulator.config import default_config, load_config
+    from adp_emulator.kernel import KernelBackendError, KernelTarget
+
     if args.config:
-        cmd += ["--config", str(Path(args.config).resolve())]
+        cfg = load_config(args.config)
     else:
-        cmd += ["--nqn", args.nqn, "--capacity", str(args.capacity)]
+        cfg = default_config(port=args.port or 4420, nqn=args.nqn)
+        cfg.adp.capacity_bytes = args.capacity
     if args.port and S.port_busy("127.0.0.1", args.port):
         raise CliError(f"port {args.port} on 127.0.0.1 is busy; choose another with --port")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    deadline = time.monotonic() + max(args.timeout, 60)
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace")
-        for line in text.splitlines():
-            if line.startswith("ADP-KERNEL-TARGET READY"):
-                info = json.loads(line.split(maxsplit=2)[2])
-                return S.TargetState(backend="kernel", traddr=info["traddr"], trsvcid=int(info["trsvcid"]),
-                                     subnqn=info["subnqn"], pid=proc.pid, hosted=info.get("hosted", "vm"),
-                                     log=str(log_path), extra={k: v for k, v in info.items()
-                                                               if k not in ("traddr", "trsvcid", "subnqn")})
-        if proc.poll() is not None:
-            tail = "\n".join(text.splitlines()[-15:])
-            raise CliError(f"the kernel target exited with status {proc.returncode} before it was ready:\n{tail}")
-        time.sleep(0.1)
-    S.stop_pid(proc.pid)
-    raise CliError(f"the kernel target was not ready in time (log: {log_path})")
+    workdir = sdir / "kernel"
+    workdir.mkdir(parents=True, exist_ok=True)
+    kt = KernelTarget(cfg, workdir, host_port=args.port if args.port else 0)
+    try:
+        info = kt.start(timeout=max(args.timeout, 30.0))
+    except KernelBackendError as e:
+        raise CliError(str(e)) from None
+    return S.TargetState(backend="kernel", traddr=info["traddr"], trsvcid=int(info["trsvcid"]),
+                         subnqn=info["subnqn"], pid=int(info.get("pid") or 0), hosted=info.get("hosted", "vm"),
+                         log=str(workdir), extra={"workdir": str(workdir), "accel": info.get("accel")})
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -108,6 +99,13 @@ def cmd_down(args: argparse.Namespace) -> int:
     if st is None:
         print("no target is up")
         return 0
+    if st.backend == "kernel" and st.extra.get("workdir"):
+        from adp_emulator.kernel import KernelTarget
+
+        try:
+            KernelTarget.from_workdir(Path(st.extra["workdir"])).stop()
+        except Exception as e:  # fall back to killing the recorded process
+            print(f"note: {e}", file=sys.stderr)
     if S.pid_alive(st.pid) and not S.stop_pid(st.pid):
         raise CliError(f"could not stop pid {st.pid}")
     S.clear(sdir)

@@ -852,7 +852,6 @@ class PageStore:
                     results[i] = PageResult(k, PageStatus.ERROR, 0, f"buffer smaller than page ({loc.length})")
                     continue
                 if own:
-                    self._own.move_to_end(k)
                     self._pins[loc.slot] = self._pins.get(loc.slot, 0) + 1
                 ops.append(_Op(i, k, mv, loc, own=own))
         corrupt_own: list[bytes] = []

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -198,32 +197,41 @@ class KernelTarget:
         empty = not any((root / d).is_dir() and os.listdir(root / d) for d in ("subsystems", "ports"))
         nvmetcli = shutil.which("nvmetcli")
         tool = "writer"
-        if nvmetcli and empty:
-            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir=self.workdir) as f:
-                json.dump(cfg.nvmetcli_json(), f)
-            r = subprocess.run([nvmetcli, "restore", f.name], capture_output=True, text=True, check=False)
-            if r.returncode != 0:
-                raise KernelBackendError(f"nvmetcli restore failed: {r.stderr.strip()}")
-            tool = "nvmetcli"
-        else:
-            try:
-                configfs.apply(configfs.plan(cfg), root)
-            except OSError as e:
-                configfs.remove(configfs.undo_plan(cfg, [h for h in cfg.hosts if h not in existing_hosts]), root)
-                raise KernelBackendError(f"configuring host nvmet failed: {e}") from e
-        p0 = cfg.ports[0]
-        icresp = wait_icresp(p0.traddr if p0.traddr not in ("0.0.0.0", "::") else "127.0.0.1",
-                             int(p0.trsvcid), timeout)
+        our_hosts = [h for h in cfg.hosts if h not in existing_hosts]
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            if nvmetcli and empty:
+                cfg_file = self.workdir / "nvmetcli-restore.json"
+                cfg_file.write_text(json.dumps(cfg.nvmetcli_json(), indent=2))
+                r = subprocess.run([nvmetcli, "restore", str(cfg_file)], capture_output=True, text=True,
+                                   check=False)
+                if r.returncode != 0:
+                    raise KernelBackendError(f"nvmetcli restore failed: {r.stderr.strip()}")
+                tool = "nvmetcli"
+            else:
+                try:
+                    configfs.apply(configfs.plan(cfg), root)
+                except OSError as e:
+                    raise KernelBackendError(f"configuring host nvmet failed: {e}") from e
+            p0 = cfg.ports[0]
+            icresp = wait_icresp(p0.traddr if p0.traddr not in ("0.0.0.0", "::") else "127.0.0.1",
+                                 int(p0.trsvcid), timeout)
+        except BaseException:
+            configfs.remove(configfs.undo_plan(cfg, our_hosts), root)
+            for f in created:
+                Path(f).unlink(missing_ok=True)
+            raise
         self.config = cfg
         return {"traddr": p0.traddr, "trsvcid": p0.trsvcid, "subnqn": p0.subsystems[0] if p0.subsystems else
                 cfg.subsystems[0].nqn, "hosted": "host", "pid": None, "tool": tool, "icresp": icresp,
-                "created_files": created, "created_hosts": [h for h in cfg.hosts if h not in existing_hosts]}
+                "created_files": created, "created_hosts": our_hosts}
 
     def stop(self) -> None:
         """Undo start(): kill the guest, or remove exactly our objects from host configfs."""
         hosted = self.info.get("hosted")
         if hosted == "host":
-            errors = configfs.remove(configfs.undo_plan(self.config, self.info.get("created_hosts", [])))
+            errors = configfs.remove(configfs.undo_plan(self.config, self.info.get("created_hosts", [])),
+                                     configfs.NVMET_ROOT)
             for f in self.info.get("created_files", []):
                 Path(f).unlink(missing_ok=True)
             if errors:

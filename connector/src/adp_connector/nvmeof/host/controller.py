@@ -75,6 +75,7 @@ class HostConfig:
     max_transfer_bytes: int | None = None  # cap below the controller's MDTS (tests, tuning)
     reconnect_delay: float = 1.0
     auto_reconnect: bool = True
+    use_discovered_address: bool = False  # with subnqn=None: also take TRADDR/TRSVCID from the discovery log
     transport: Transport = field(default_factory=TcpTransport)
 
     def __post_init__(self) -> None:
@@ -110,9 +111,7 @@ class _Gather:
         self.lock = threading.Lock()
         self.future: Future[None] = Future()
 
-    def part_done(self, f: Future | None = None, error: BaseException | None = None) -> None:
-        if f is not None:
-            error = f.exception()
+    def part_done(self, error: BaseException | None = None) -> None:
         with self.lock:
             if error is not None and self.error is None:
                 self.error = error
@@ -158,8 +157,11 @@ class Controller:
             nvm = [e for e in entries if e.subtype == SUBTYPE_NVME]
             if not nvm:
                 raise DeviceError(f"discovery at {config.traddr}:{config.trsvcid} lists no NVM subsystem")
+            # Only the NQN is taken from the log: behind NAT or port forwarding (a QEMU guest, a container)
+            # the entry's TRADDR/TRSVCID are the target's own view and may be unreachable from here.
             config.subnqn = nvm[0].subnqn
-            config.traddr, config.trsvcid = nvm[0].traddr or config.traddr, int(nvm[0].trsvcid or config.trsvcid)
+            if config.use_discovered_address:
+                config.traddr, config.trsvcid = nvm[0].traddr or config.traddr, int(nvm[0].trsvcid or config.trsvcid)
         ctrl = cls(config)
         ctrl._establish()
         ctrl._house = threading.Thread(target=ctrl._housekeeping, name="nvme-host-keepalive", daemon=True)
@@ -457,22 +459,17 @@ class Controller:
             gather.part_done()
             return gather.future
         is_read = opcode == IoOpcode.READ
+        nsid, done = self.nsid, gather.part_done
         for i in range(parts):
             start = i * step
             chunk = buf[start : start + step]
-            sqe = S.rw_cmd(opcode, self.nsid, (offset + start) // lba, len(chunk) // lba, len(chunk))
             try:
-                q = self._io_queue()
-                if is_read:
-                    f = q.submit(sqe, read_into=chunk, what=f"Read LBA {sqe.slba}+{sqe.nlb}", timeout=t)
-                else:
-                    f = q.submit(sqe, data=chunk, what=f"Write LBA {sqe.slba}+{sqe.nlb}", timeout=t)
+                self._io_queue().submit_rw(opcode, nsid, (offset + start) // lba, len(chunk) // lba, chunk, t, done)
             except DeviceError as e:
                 self.stats.errors += 1
                 for _ in range(parts - i):
-                    gather.part_done(error=e)
+                    done(e)
                 break
-            f.add_done_callback(gather.part_done)
         self.stats.commands += parts
         if is_read:
             self.stats.bytes_read += n

@@ -33,6 +33,10 @@ from ..wire.structs import ConnectData
 from .errors import NvmeConnectError, NvmeProtocolError, NvmeStatusError, NvmeTimeoutError, NvmeTransportError
 
 _H2C_HDR = struct.Struct("<BBBBIHHII4x")  # common header + H2CData specific header (24 bytes)
+_CAPSULE = struct.Struct("<BBBBIBBHIIIQQI3xBIIIIII")  # common header + SQE (72 bytes)
+_CH = struct.Struct("<BBBBI")
+_CQE_AT8 = struct.Struct("<8xIIHHHH")
+_DATA_AT8 = struct.Struct("<8xHHII")
 _ADMIN_IN_CAPSULE = 8192  # fabrics and admin commands may always carry this much in-capsule
 
 
@@ -47,19 +51,19 @@ class QueueParams:
 
 
 class _Request:
-    __slots__ = ("buf", "c2h", "cid", "deadline", "error", "future", "received", "sqe", "what")
+    __slots__ = ("buf", "c2h", "cid", "deadline", "error", "future", "on_done", "received", "what")
 
-    def __init__(self, cid: int, sqe: Sqe, buf: memoryview | None, c2h: bool, what: str,
-                 deadline: float) -> None:
+    def __init__(self, cid: int, buf: memoryview | None, c2h: bool, what: str, deadline: float,
+                 on_done: Callable[[BaseException | None], None] | None) -> None:
         self.cid = cid
         self.c2h = c2h
-        self.sqe = sqe
         self.buf = buf
         self.what = what
         self.deadline = deadline
+        self.on_done = on_done
         self.received = 0
         self.error: BaseException | None = None
-        self.future: Future[Cqe] = Future()
+        self.future: Future[Cqe] | None = None if on_done else Future()
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
@@ -163,12 +167,8 @@ class QueuePair:
     # ------------------------------------------------------------------------------------------------
     # Submission
 
-    def submit(self, sqe: Sqe, data: memoryview | None = None, read_into: memoryview | None = None,
-               what: str = "", timeout: float = 30.0) -> Future[Cqe]:
-        """Send ``sqe``; ``data`` is host-to-controller payload, ``read_into`` the destination of C2H data.
-
-        The returned future yields the :class:`Cqe` on success and raises NvmeStatusError otherwise.
-        """
+    def _take_slot(self, buf: memoryview | None, c2h: bool, what: str, timeout: float,
+                   on_done: Callable[[BaseException | None], None] | None) -> _Request:
         if self._failure is not None:
             raise NvmeTransportError(f"queue {self.qid} is down: {self._failure}")
         self._slots.acquire()
@@ -177,52 +177,91 @@ class QueuePair:
                 self._slots.release()
                 raise NvmeTransportError(f"queue {self.qid} is closed: {self._failure}")
             cid = self._free_cids.popleft()
-            buf = data if data is not None else read_into
-            req = _Request(cid, sqe, buf, read_into is not None, what or f"opcode {sqe.opcode:#x}",
-                           time.monotonic() + timeout)
-            self._inflight[cid] = req
-            if len(self._inflight) > self.max_in_flight:
-                self.max_in_flight = len(self._inflight)
-        sqe.cid = cid
-        length = len(data) if data is not None else (len(read_into) if read_into is not None else 0)
-        sqe.sgl_len = length
-        in_capsule = data is not None and length <= self._in_capsule_limit(sqe)
-        sqe.sgl_id = SglId.DATA_BLOCK_OFFSET if in_capsule else SglId.TRANSPORT_DATA_BLOCK
-        sqe.sgl_addr = 0
-        bufs = P.encode(P.CapsuleCmd(sqe.encode(), data if in_capsule else b""), self.hdgst, self.ddgst,
-                        self.cpda)
+            req = _Request(cid, buf, c2h, what, time.monotonic() + timeout, on_done)
+            inflight = self._inflight
+            inflight[cid] = req
+            if len(inflight) > self.max_in_flight:
+                self.max_in_flight = len(inflight)
+        self.commands += 1
+        return req
+
+    def _send_capsule(self, bufs: list) -> None:
         try:
             with self._send_lock:
                 _send_all(self.sock, bufs)
         except OSError as e:
             self._fail(NvmeTransportError(f"send failed on queue {self.qid}: {e}"))
-        self.commands += 1
+
+    def submit(self, sqe: Sqe, data: memoryview | None = None, read_into: memoryview | None = None,
+               what: str = "", timeout: float = 30.0) -> Future[Cqe]:
+        """Send ``sqe``; ``data`` is host-to-controller payload, ``read_into`` the destination of C2H data.
+
+        The returned future yields the :class:`Cqe` on success and raises NvmeStatusError otherwise.
+        """
+        buf = data if data is not None else read_into
+        req = self._take_slot(buf, read_into is not None, what or f"opcode {sqe.opcode:#x}", timeout, None)
+        sqe.cid = req.cid
+        length = len(buf) if buf is not None else 0
+        sqe.sgl_len = length
+        limit = _ADMIN_IN_CAPSULE if self.qid == 0 or sqe.opcode == 0x7F else self.params.in_capsule_bytes
+        in_capsule = data is not None and length <= limit
+        sqe.sgl_id = SglId.DATA_BLOCK_OFFSET if in_capsule else SglId.TRANSPORT_DATA_BLOCK
+        sqe.sgl_addr = 0
+        self._send_capsule(P.encode(P.CapsuleCmd(sqe.encode(), data if in_capsule else b""), self.hdgst,
+                                    self.ddgst, self.cpda))
+        assert req.future is not None
         return req.future
 
-    def _in_capsule_limit(self, sqe: Sqe) -> int:
-        if self.qid == 0 or sqe.opcode == 0x7F:
-            return _ADMIN_IN_CAPSULE
-        return self.params.in_capsule_bytes
+    def submit_rw(self, opcode: int, nsid: int, slba: int, nlb: int, buf: memoryview, timeout: float,
+                  on_done: Callable[[BaseException | None], None]) -> None:
+        """Fast path for Read (opcode 2, C2H into ``buf``) and Write (opcode 1, ``buf`` H2C).
 
-    def _complete(self, req: _Request, cqe: Cqe | None, error: BaseException | None) -> None:
+        ``on_done(error_or_None)`` runs on the queue's reader thread; it must be quick.
+        """
+        c2h = opcode == 0x02
+        req = self._take_slot(buf, c2h, "Read" if c2h else "Write", timeout, on_done)
+        n = len(buf)
+        in_capsule = not c2h and n <= self.params.in_capsule_bytes
+        if self.hdgst or self.cpda:
+            sqe = Sqe(opcode=opcode, cid=req.cid, nsid=nsid, sgl_len=n,
+                      sgl_id=SglId.DATA_BLOCK_OFFSET if in_capsule else SglId.TRANSPORT_DATA_BLOCK,
+                      cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32, cdw12=nlb - 1)
+            bufs = P.encode(P.CapsuleCmd(sqe.encode(), buf if in_capsule else b""), self.hdgst, self.ddgst,
+                            self.cpda)
+        elif in_capsule:
+            plen = 72 + n + (4 if self.ddgst else 0)
+            hdr = _CAPSULE.pack(0x04, 0x02 if self.ddgst else 0, 72, 72, plen, opcode, 0x40, req.cid, nsid, 0, 0, 0,
+                                0, n, 0x01, slba & 0xFFFFFFFF, slba >> 32, nlb - 1, 0, 0, 0)
+            bufs = [hdr, buf, digest_bytes(buf)] if self.ddgst else [hdr, buf]
+        else:
+            bufs = [_CAPSULE.pack(0x04, 0, 72, 0, 72, opcode, 0x40, req.cid, nsid, 0, 0, 0, 0, n, 0x5A,
+                                  slba & 0xFFFFFFFF, slba >> 32, nlb - 1, 0, 0, 0)]
+        self._send_capsule(bufs)
+
+    def _complete(self, req: _Request, status: int, dw0: int = 0, dw1: int = 0, sqhd: int = 0,
+                  error: BaseException | None = None) -> None:
         with self._lock:
             if self._inflight.pop(req.cid, None) is None:
                 return  # already failed by _fail
             self._free_cids.append(req.cid)
         self._slots.release()
-        self._resolve(req, cqe, error)
+        self._resolve(req, status, dw0, dw1, sqhd, error)
 
-    @staticmethod
-    def _resolve(req: _Request, cqe: Cqe | None, error: BaseException | None) -> None:
+    def _resolve(self, req: _Request, status: int, dw0: int, dw1: int, sqhd: int,
+                 error: BaseException | None) -> None:
         err = error or req.error
-        if err is None and cqe is not None and not cqe.status.ok:
-            err = NvmeStatusError(cqe.status, req.what)
-        if err is None and cqe is not None and req.c2h and req.buf is not None and req.received != len(req.buf):
+        if err is None and status & 0xFFFE:
+            err = NvmeStatusError(Status.from_word(status), req.what)
+        if err is None and req.c2h and req.buf is not None and req.received != len(req.buf):
             err = NvmeProtocolError(f"{req.what}: short data-in ({req.received} of {len(req.buf)} bytes)")
-        if err is not None:
-            req.future.set_exception(err)
-        else:
-            req.future.set_result(cqe)  # type: ignore[arg-type]
+        if req.on_done is not None:
+            req.on_done(err)
+        elif req.future is not None:
+            if err is not None:
+                req.future.set_exception(err)
+            else:
+                req.future.set_result(Cqe(cid=req.cid, status=Status.from_word(status), dw0=dw0, dw1=dw1,
+                                          sqhd=sqhd, sqid=self.qid))
 
     # ------------------------------------------------------------------------------------------------
     # Receive path
@@ -231,61 +270,86 @@ class QueuePair:
         sock = self.sock
         hdr = bytearray(28)
         hv = memoryview(hdr)
-        pad = bytearray(256)
+        h24 = hv[:24]
         dg = bytearray(4)
+        dgv = memoryview(dg)
+        inflight = self._inflight
+        ddgst = self.ddgst
         try:
             while True:
-                _recv_exact(sock, hv[:24])
-                span = 28 if hdr[1] & PduFlags.HDGSTF else 24
-                if span == 28:
-                    _recv_exact(sock, hv[24:28])
-                try:
-                    h = P.decode_header(hv[:span], receiver_is_host=True, hdgst=self.hdgst, ddgst=self.ddgst)
-                except P.PduError as e:
-                    raise NvmeProtocolError(f"malformed PDU from target: {e}") from e
-                pdu = h.pdu
-                t = h.ch.type
-                if t == PduType.CAPSULE_RESP:
-                    cqe = Cqe.decode(pdu.cqe)
-                    req = self._inflight.get(cqe.cid)
+                _recv_exact(sock, h24)
+                t, flags, hlen, pdo, plen = _CH.unpack_from(hdr, 0)
+                # Fast paths (no header digest): CapsuleResp and C2HData in their canonical form.
+                if t == 0x05 and plen == 24 and hlen == 24 and flags == 0 and pdo == 0:
+                    dw0, dw1, sqhd, _sqid, cid, status = _CQE_AT8.unpack_from(hdr, 0)
+                    req = inflight.get(cid)
                     if req is None:
-                        raise NvmeProtocolError(f"completion for unknown command id {cqe.cid}")
-                    self._complete(req, cqe, None)
-                elif t == PduType.C2H_DATA:
-                    req = self._inflight.get(pdu.cccid)
-                    if req is None or not req.c2h or req.buf is None:
-                        raise NvmeProtocolError(f"C2HData for unknown or data-less command id {pdu.cccid}")
-                    if h.data_offset > span:
-                        _recv_exact(sock, memoryview(pad)[: h.data_offset - span])
-                    end = pdu.datao + h.data_len
-                    if pdu.datao != req.received or end > len(req.buf):
-                        raise NvmeProtocolError(f"C2HData out of range: offset {pdu.datao} length {h.data_len} "
-                                                f"(expected offset {req.received}, buffer {len(req.buf)})")
-                    dest = req.buf[pdu.datao:end]
-                    _recv_exact(sock, dest)
-                    if h.has_ddgst:
-                        _recv_exact(sock, memoryview(dg))
-                        if int.from_bytes(dg, "little") != crc32c(dest):
-                            req.error = NvmeStatusError(Status.named("DATA_TRANSFER_ERROR"),
-                                                        f"{req.what}: C2HData digest mismatch")
-                    req.received = end
-                    if pdu.success and pdu.last:
-                        self._complete(req, Cqe(cid=req.cid, sqid=self.qid), None)
-                elif t == PduType.R2T:
-                    self._queue_r2t(pdu)
-                elif t == PduType.C2H_TERM_REQ:
-                    rest = bytearray(h.data_len)
-                    _recv_exact(sock, memoryview(rest))
-                    raise NvmeTransportError(f"target terminated the connection: C2HTermReq FES {pdu.fes:#x} "
-                                             f"FEI {pdu.fei:#x}")
-                else:
-                    raise NvmeProtocolError(f"unexpected PDU type {t:#x}")
+                        raise NvmeProtocolError(f"completion for unknown command id {cid}")
+                    self._complete(req, status, dw0, dw1, sqhd)
+                    continue
+                if (t == 0x07 and hlen == 24 and pdo == 24 and not flags & 0xF1
+                        and (flags & 0x02) == (2 if ddgst else 0)):
+                    cid, _ttag, datao, datal = _DATA_AT8.unpack_from(hdr, 0)
+                    if plen != 24 + datal + (4 if ddgst else 0) or datal == 0:
+                        raise NvmeProtocolError(f"C2HData with PLEN {plen} and DATAL {datal}")
+                    self._recv_c2h(cid, datao, datal, flags, dgv)
+                    continue
+                self._read_slow(hv)
         except NvmeTransportError as e:
             self._fail(e)
         except OSError as e:
             self._fail(NvmeTransportError(f"receive failed on queue {self.qid}: {e}"))
         except Exception as e:  # a bug must not leave callers hanging
             self._fail(NvmeTransportError(f"queue {self.qid} reader crashed: {e!r}"))
+
+    def _recv_c2h(self, cid: int, datao: int, datal: int, flags: int, dgv: memoryview) -> None:
+        req = self._inflight.get(cid)
+        if req is None or not req.c2h or req.buf is None:
+            raise NvmeProtocolError(f"C2HData for unknown or data-less command id {cid}")
+        end = datao + datal
+        if datao != req.received or end > len(req.buf):
+            raise NvmeProtocolError(f"C2HData out of range: offset {datao} length {datal} "
+                                    f"(expected offset {req.received}, buffer {len(req.buf)})")
+        dest = req.buf[datao:end]
+        _recv_exact(self.sock, dest)
+        if flags & 0x02:
+            _recv_exact(self.sock, dgv)
+            if int.from_bytes(dgv, "little") != crc32c(dest):
+                req.error = NvmeStatusError(Status.named("DATA_TRANSFER_ERROR"), f"{req.what}: C2HData digest mismatch")
+        req.received = end
+        if flags & 0x0C == 0x0C:  # LAST_PDU + SUCCESS: no CapsuleResp follows
+            self._complete(req, 0)
+
+    def _read_slow(self, hv: memoryview) -> None:
+        """Any PDU off the fast path: full validation through the codec."""
+        sock = self.sock
+        span = 28 if hv[1] & PduFlags.HDGSTF else 24
+        if span == 28:
+            _recv_exact(sock, hv[24:28])
+        try:
+            h = P.decode_header(hv[:span], receiver_is_host=True, hdgst=self.hdgst, ddgst=self.ddgst)
+        except P.PduError as e:
+            raise NvmeProtocolError(f"malformed PDU from target: {e}") from e
+        pdu = h.pdu
+        t = h.ch.type
+        if t == PduType.CAPSULE_RESP:
+            cqe = Cqe.decode(pdu.cqe)
+            req = self._inflight.get(cqe.cid)
+            if req is None:
+                raise NvmeProtocolError(f"completion for unknown command id {cqe.cid}")
+            self._complete(req, cqe.status.word, cqe.dw0, cqe.dw1, cqe.sqhd)
+        elif t == PduType.C2H_DATA:
+            if h.data_offset > span:
+                _recv_exact(sock, memoryview(bytearray(h.data_offset - span)))
+            self._recv_c2h(pdu.cccid, pdu.datao, h.data_len, h.ch.flags, memoryview(bytearray(4)))
+        elif t == PduType.R2T:
+            self._queue_r2t(pdu)
+        elif t == PduType.C2H_TERM_REQ:
+            rest = bytearray(h.data_len)
+            _recv_exact(sock, memoryview(rest))
+            raise NvmeTransportError(f"target terminated the connection: C2HTermReq FES {pdu.fes:#x} FEI {pdu.fei:#x}")
+        else:
+            raise NvmeProtocolError(f"unexpected PDU type {t:#x}")
 
     # ------------------------------------------------------------------------------------------------
     # R2T -> H2CData
@@ -378,7 +442,7 @@ class QueuePair:
         for req in pending:
             self._slots.release()
             err = error if timeout else NvmeTransportError(f"{req.what}: {error}")
-            self._resolve(req, None, err)
+            self._resolve(req, 0, 0, 0, 0, err)
         if first and self._on_failure is not None:
             self._on_failure(self, error)
 

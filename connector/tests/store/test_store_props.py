@@ -1,0 +1,164 @@
+"""Property-based test: random save/load/discard/evict/restart/fault sequences against a model of the store."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import hypothesis.strategies as st
+from conftest import fast_config
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from memdevice import MemDevice
+
+from adp_connector.store import KeyNamespace, PageStatus, PageStore
+
+NS = KeyNamespace("prop", "bf16", "L", 2)
+KEYS = NS.chain_tokens(list(range(2 * 24)))
+W = b"prop-writer-0000"
+
+
+def size_of(i: int) -> int:
+    """Payload size of key ``i``: 0 B .. ~45 KB, LBA-aligned and not."""
+    return [0, 1, 511, 512, 4096, 4097, 9000, 20_000, 33_000, 45_000][i % 10] + i // 10
+
+
+def data_of(i: int) -> bytes:
+    """Content of key ``i`` (content-addressed: a key always has the same bytes)."""
+    n = size_of(i)
+    return (KEYS[i] * (n // 32 + 1))[:n]
+
+
+idx = st.integers(0, len(KEYS) - 1)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Model: ``present`` (LRU order, oldest first) must equal the store's own keys exactly; ``maybe`` holds keys
+    whose eviction tombstone may not have reached the device (after an injected write fault)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dev = MemDevice(160 << 10, 512, 8192)
+        self.cfg = fast_config(partitions=1, slots_per_partition=16, writer_id=W, inline_bytes=4096)
+        self.store = PageStore(self.dev, self.cfg)
+        self.present: OrderedDict[int, None] = OrderedDict()
+        self.seq: dict[int, int] = {}
+        self.maybe: set[int] = set()
+        self.counter = 0
+        self.evictions = 0
+
+    def _sync_evictions(self, touched: list[int], resaved: list[int]) -> None:
+        """Keys gone from the store must be explained by evictions, oldest (untouched) first."""
+        have = {KEYS.index(k) for k in self.store._own}
+        gone = [i for i in self.present if i not in have or i in resaved]
+        ev = self.store.stats.evictions - self.evictions
+        self.evictions = self.store.stats.evictions
+        assert len(gone) == ev, (gone, ev)
+        untouched = [i for i in self.present if i not in touched]
+        gone_untouched = [i for i in untouched if i in gone]
+        assert gone_untouched == untouched[:len(gone_untouched)]  # LRU: oldest first
+        if any(i in touched for i in gone):
+            assert len(gone_untouched) == len(untouched)
+        for i in gone:
+            del self.present[i]
+        return None
+
+    def _save(self, ids: list[int], fault: bool) -> None:
+        if fault:
+            self.dev.fail_next(1, ("write",))
+        ids = list(dict.fromkeys(ids))
+        before = dict(self.present)
+        res = self.store.save_batch([KEYS[i] for i in ids], [data_of(i) for i in ids]).wait(10)
+        self.dev.fail_next(0)
+        touched, resaved = [], []
+        for i, r in zip(ids, res, strict=True):
+            if r.status is PageStatus.EXISTS:
+                assert i in before
+                touched.append(i)
+                self.present.move_to_end(i)
+            elif r.ok and i in before:
+                resaved.append(i)  # evicted by an earlier page of this batch, then saved again
+            elif not r.ok:
+                assert fault or r.status is PageStatus.NO_SPACE, r
+        self._sync_evictions(touched, resaved)
+        for i, r in zip(ids, res, strict=True):
+            if r.ok:
+                self.counter += 1
+                self.present[i] = None
+                self.seq[i] = self.counter
+                self.maybe.discard(i)
+        if fault:
+            self.maybe |= set(before) - set(self.present)
+
+    @rule(ids=st.lists(idx, min_size=1, max_size=6))
+    def save(self, ids: list[int]) -> None:
+        self._save(ids, False)
+
+    @rule(ids=st.lists(idx, min_size=1, max_size=4))
+    def save_with_write_fault(self, ids: list[int]) -> None:
+        self._save(ids, True)
+
+    @rule(ids=st.lists(idx, min_size=1, max_size=6, unique=True))
+    def load(self, ids: list[int]) -> None:
+        bufs = [bytearray(size_of(i) + 5) for i in ids]
+        res = self.store.load_batch([KEYS[i] for i in ids], bufs).wait(10)
+        for i, b, r in zip(ids, bufs, res, strict=True):
+            if i in self.present:
+                assert r.ok, r
+                assert bytes(b[:size_of(i)]) == data_of(i)
+                self.present.move_to_end(i)
+            else:
+                assert r.status is PageStatus.MISSING
+
+    @rule(ids=st.lists(idx, min_size=1, max_size=3, unique=True))
+    def discard(self, ids: list[int]) -> None:
+        n = self.store.discard([KEYS[i] for i in ids])
+        assert n == sum(i in self.present for i in ids)
+        for i in ids:
+            self.present.pop(i, None)
+
+    @precondition(lambda self: any(size_of(i) >= 1024 for i in self.present))
+    @rule(data=st.data())
+    def corrupt_on_media(self, data: st.DataObject) -> None:
+        i = data.draw(st.sampled_from([i for i in self.present if size_of(i) >= 1024]))
+        loc = self.store._own[KEYS[i]]
+        self.dev.write((loc.lba + 1) * 512, b"\xee" * 512)
+        r = self.store.load(KEYS[i], bytearray(size_of(i)))
+        assert r.status is PageStatus.VERIFY_FAILED
+        del self.present[i]
+        self.maybe.discard(i)
+
+    @rule(clean=st.booleans())
+    def restart(self, clean: bool) -> None:
+        if clean:
+            self.store.close()
+        else:
+            self.store.abandon()
+        self.store = PageStore(self.dev, self.cfg)
+        self.evictions = 0
+        have = {KEYS.index(k) for k in self.store._own}
+        assert set(self.present) <= have <= set(self.present) | self.maybe
+        for i in have - set(self.present):  # resurrected (tombstone lost to a fault): must still be intact
+            out = bytearray(size_of(i))
+            assert self.store.load(KEYS[i], out).ok and bytes(out) == data_of(i)
+            self.counter += 1
+        self.store.discard([KEYS[i] for i in have - set(self.present)])
+        self.maybe.clear()
+        # after a restart the LRU order is the commit order
+        self.present = OrderedDict((i, None) for i in sorted(self.present, key=lambda i: self.seq[i]))
+
+    @invariant()
+    def index_matches_model(self) -> None:
+        assert {KEYS.index(k) for k in self.store._own} == set(self.present)
+        assert self.store.lookup([KEYS[i] for i in self.present]) == len(self.present)
+        info = self.store.info()
+        g = self.store.geometry
+        used = sum(g.page_lbas(size_of(i)) for i in self.present)
+        assert info["free_lbas"] == g.data_lbas - used
+
+    def teardown(self) -> None:
+        self.store.close()
+
+
+StoreMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
+test_store_state_machine = StoreMachine.TestCase
