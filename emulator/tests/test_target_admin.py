@@ -256,6 +256,8 @@ def test_log_pages(admin) -> None:
     bad = get_log_page_cmd(0x02, 512)
     bad.cdw12 = 2  # unaligned offset
     assert admin.cmd(bad)[0].status.word == w("INVALID_FIELD")
+    huge = get_log_page_cmd(0x02, 1 << 30)  # larger than MDTS: refused, nothing allocated
+    assert admin.cmd(huge)[0].status.word == w("INVALID_FIELD")
     bad = get_log_page_cmd(0x02, 512)
     bad.sgl_len = 256
     assert admin.cmd(bad)[0].status.word == w("SGL_DATA_BLOCK_INVALID")

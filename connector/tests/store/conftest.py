@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from memdevice import FileBacking, MemDevice  # noqa: E402
-
-from adp_connector.store import StoreConfig  # noqa: E402
-
-
-def fast_config(**kw: object) -> StoreConfig:
-    """A StoreConfig for tests: tiny claim settle, no background threads, few partitions."""
-    base: dict[str, object] = {"claim_settle_s": 0.01, "heartbeat_interval_s": 0, "partitions": 4,
-                               "avg_page_bytes": 16 << 10}
-    base.update(kw)
-    return StoreConfig(**base)  # type: ignore[arg-type]
+from memdevice import FileBacking, MemDevice
 
 
 @pytest.fixture(params=["mem", "file"])
-def device_factory(request: pytest.FixtureRequest, tmp_path) -> Callable[..., MemDevice]:
+def device_factory(request: pytest.FixtureRequest, tmp_path) -> Iterator[Callable[..., MemDevice]]:
     """Make devices of one kind; ``reopen=True`` returns a new device over the same state (a target restart).
 
     The lead wires the NVMe/TCP client (userspace and kernel targets) in here as further params.

@@ -54,7 +54,7 @@ class SparseBacking:
         self.chunks: dict[int, bytearray] = {}
         self.capacity = capacity
 
-    def _pieces(self, off: int, n: int):  # noqa: ANN202 - internal generator
+    def _pieces(self, off: int, n: int):
         pos = 0
         while pos < n:
             c, o = divmod(off + pos, self.CHUNK)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import fast_config
-from memdevice import MemDevice
-
 from adp_connector.device import BlockDevice
 from adp_connector.store import KeyNamespace, PageStatus, PageStore
 from adp_connector.store.alloc import ExtentAllocator
 from adp_connector.store.format import compute_geometry, pack_superblock, unpack_superblock
+from memdevice import MemDevice
+from store_testutil import fast_config
 
 NS = KeyNamespace("meta-llama/Llama-3.1-8B", "bfloat16", "LBHNC;h=8;d=128", 16, tp_rank=0, tp_size=2)
 
@@ -140,11 +139,17 @@ def test_allocator() -> None:
     assert a.alloc(1000) is None
 
 
-def test_refuses_foreign_geometry(device_factory) -> None:
-    dev = device_factory(4 << 20, lba_size=512)
-    PageStore(dev, fast_config()).close()
+def test_refuses_foreign_geometry() -> None:
     from adp_connector.store import FormatError
-    small = MemDevice(2 << 20, 512)
-    small.backing.buf[:] = dev.backing.buf[: 2 << 20] if hasattr(dev.backing, "buf") else small.backing.buf
     with pytest.raises(FormatError):
-        PageStore(MemDevice(2 << 20, 512), fast_config(create=False))
+        PageStore(MemDevice(2 << 20, 512), fast_config(create=False))  # empty device, no formatting allowed
+    dev = MemDevice(4 << 20, 512)
+    PageStore(dev, fast_config()).close()
+    small = MemDevice(2 << 20, 512)
+    small.backing.buf[:] = dev.image()[: 2 << 20]
+    with pytest.raises(FormatError):
+        PageStore(small, fast_config(create=False))  # store larger than the namespace
+    other_lba = MemDevice(4 << 20, 4096)
+    other_lba.backing.buf[:] = dev.image()
+    with pytest.raises(FormatError):
+        PageStore(other_lba, fast_config(create=False))

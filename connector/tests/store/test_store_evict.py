@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from conftest import fast_config
-from memdevice import MemDevice
-
 from adp_connector.store import KeyNamespace, PageStatus, PageStore
+from memdevice import MemDevice
+from store_testutil import fast_config
 
 NS = KeyNamespace("m", "bf16", "L", 4)
 

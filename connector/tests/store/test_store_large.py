@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 
-from conftest import fast_config
-from memdevice import FileBacking, MemDevice
-
 from adp_connector.store import KeyNamespace, PageStore
+from memdevice import FileBacking, MemDevice
+from store_testutil import fast_config
 
 
 def test_200k_token_chain_multi_mib_pages(tmp_path) -> None:

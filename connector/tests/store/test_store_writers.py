@@ -5,10 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from conftest import fast_config
-from memdevice import MemDevice
-
 from adp_connector.store import KeyNamespace, PageStatus, PageStore
+from memdevice import MemDevice
+from store_testutil import fast_config
 
 NS = KeyNamespace("m", "bf16", "L", 8)
 
@@ -81,7 +80,7 @@ def test_reader_never_sees_wrong_bytes_while_writer_evicts() -> None:
     def reader() -> None:
         while not stop.is_set():
             r.refresh()
-            ks = [k for k in r.keys() if k in sizes][:40]
+            ks = [k for k in r.indexed_keys() if k in sizes][:40]
             outs = [bytearray(sizes[k]) for k in ks]
             for k, o, res in zip(ks, outs, r.load_batch(ks, outs).wait(10), strict=True):
                 if res.ok:

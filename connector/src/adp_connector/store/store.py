@@ -63,7 +63,7 @@ class StoreConfig:
     writer_label: str = ""                 # free text stored in the lease (host, pid, rank) for humans
     preferred_partition: int | None = None  # e.g. the TP rank
     lease_ttl_s: float = 30.0              # a lease not renewed for this long may be taken over
-    heartbeat_interval_s: float | None = None  # None: ttl/4; 0: no background heartbeat (renewed on saves)
+    heartbeat_interval_s: float | None = None  # None: ttl/4; 0: renewed only by saves (lapses when idle > ttl)
     claim_settle_s: float = 0.25           # claim: write, wait this long, read back (>> one write latency)
     refresh_interval_s: float = 0.0        # >0: re-index other writers' partitions periodically
     verify: bool = True                    # verify the payload checksum on every load
@@ -231,7 +231,7 @@ class PageStore:
             loc = self._own.get(key) or self._foreign.get(key)
             return None if loc is None else loc.length
 
-    def keys(self) -> list[bytes]:
+    def indexed_keys(self) -> list[bytes]:
         """Every indexed key (own partition and, as of the last refresh, the others)."""
         with self._lock:
             return list(self._own) + [k for k in self._foreign if k not in self._own]
@@ -852,6 +852,7 @@ class PageStore:
                     results[i] = PageResult(k, PageStatus.ERROR, 0, f"buffer smaller than page ({loc.length})")
                     continue
                 if own:
+                    self._own.move_to_end(k)
                     self._pins[loc.slot] = self._pins.get(loc.slot, 0) + 1
                 ops.append(_Op(i, k, mv, loc, own=own))
         corrupt_own: list[bytes] = []

@@ -665,6 +665,8 @@ class Connection:
             return self._expect(sqe, 4096, _DIR_IN, self._h_identify)
         if opc == AdminOpcode.GET_LOG_PAGE:
             numd = ((sqe.cdw10 >> 16) | ((sqe.cdw11 & 0xFFFF) << 16)) + 1
+            if numd * 4 > self.mdts:  # never build an unbounded buffer for a host
+                return C.SC_INVALID_FIELD, _DIR_IN, None, self._h_none
             return self._expect(sqe, numd * 4, _DIR_IN, self._h_get_log)
         if opc == AdminOpcode.SET_FEATURES:
             return self._expect(sqe, 0, _DIR_NONE, self._h_set_features)

@@ -1,6 +1,6 @@
 """Child process of the SIGKILL crash test: saves pages into a file-backed device until killed.
 
-Prints ``ok <i>`` once page ``i`` is committed. Usage: crash_writer.py PATH CAPACITY START
+Prints ``ok <i>`` once page ``i`` is committed. Usage: store_crash_writer.py PATH CAPACITY START
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from memdevice import FileBacking, MemDevice  # noqa: E402
-
-from adp_connector.store import KeyNamespace, PageStore, StoreConfig  # noqa: E402
+from adp_connector.store import KeyNamespace, PageStore, StoreConfig
+from memdevice import FileBacking, MemDevice
 
 NS = KeyNamespace("crash-model", "bf16", "L", 16)
 WRITER = b"crash-writer-id!"
