@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from adp_emulator.config import (
     DEFAULT_NQN,
     AdpSettings,

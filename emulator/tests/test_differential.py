@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from adp_connector.device import DeviceError
 from adp_connector.nvmeof.host import Controller, HostConfig, NvmeStatusError
 from adp_connector.nvmeof.wire import sqe as S
@@ -71,11 +72,9 @@ INTENDED: dict[str, str] = {
 
 #: Differences that are bugs in our userspace target: the test asserts the nvmet behaviour, so these fail
 #: until fixed (listed in docs/interop.md and the report).
-KNOWN_BUGS: dict[str, str] = {
-    "log.changed_ns_list": "OAES bit 8 (NS attribute notices) is advertised but LID 0x04 is rejected; the Linux "
-                           "host reads it after every NS-changed AEN",
-    "log.smart_inactive_nsid2": "SMART log for an inactive NSID succeeds; nvmet answers Invalid Namespace",
-}
+# Differences that are bugs of ours, kept here (and failing in test_step_agrees) until fixed. Fixed so far:
+# log.changed_ns_list (LID 0x04 now served), log.smart_inactive_nsid2 (now Invalid Namespace).
+KNOWN_BUGS: dict[str, str] = {}
 
 Outcome = str
 StepFn = Callable[[Controller], Outcome]

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from adp_connector.nvmeof.host import Controller, HostConfig, NvmeStatusError, TcpTransport
 
 pytestmark = pytest.mark.kernel
@@ -130,14 +131,24 @@ def test_max_transfer_bytes_below_default(kernel_target: dict[str, Any], cap: in
         assert c.stats.commands == 2 * -(-len(data) // cap)
 
 
-@pytest.mark.parametrize("cap", [4 * MiB, 8 * MiB])
-def test_max_transfer_bytes_above_default(kernel_target: dict[str, Any], cap: int) -> None:
-    """nvmet has no MDTS: an explicit cap above the 1 MiB default must be honoured (8 MiB = 2 H2CData PDUs)."""
+def test_max_transfer_bytes_above_default(kernel_target: dict[str, Any]) -> None:
+    """nvmet reports no MDTS: an explicit cap above the 1 MiB default is honoured (4 MiB = one H2CData PDU)."""
+    cap = 4 * MiB
     with Controller.connect(config(kernel_target, io_queues=2, max_transfer_bytes=cap)) as c:
-        assert c.max_transfer_bytes == cap, "client clamps max_transfer_bytes to its 1 MiB default (MDTS 0)"
+        assert c.max_transfer_bytes == cap
         data = pattern(f"cap-{cap}", 9 * MiB)
         roundtrip(c, 150 * MiB, data)
         assert c.stats.commands == 2 * -(-len(data) // cap)
+
+
+def test_nvmet_refuses_single_commands_above_4_mib(kernel_target: dict[str, Any]) -> None:
+    """Measured: Linux 6.1 nvmet answers an 8 MiB command with SGL Data Block Invalid although it reports
+    MDTS 0 (the Linux host never sends more than 4 MiB per command). The client reports the status by name."""
+    with Controller.connect(config(kernel_target, io_queues=1, max_transfer_bytes=8 * MiB)) as c:
+        with pytest.raises(NvmeStatusError, match="SGL_DATA_BLOCK_INVALID"):
+            c.write(150 * MiB, pattern("too-big", 8 * MiB))
+        data = pattern("after", 64 * KiB)  # the association is unaffected
+        roundtrip(c, 150 * MiB, data)
 
 
 def test_concurrent_io_on_several_queues(ctrl: Controller) -> None:

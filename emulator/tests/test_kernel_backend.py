@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from adp_emulator.config import NvmetConfig, default_config
 from adp_emulator.kernel import configfs
 from adp_emulator.kernel.cpio import CpioWriter, gzip_cpio

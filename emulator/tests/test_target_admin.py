@@ -11,6 +11,18 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from target_client import (
+    CC_ENABLE,
+    HOSTNQN,
+    SUBNQN,
+    RawQueue,
+    discovery_admin,
+    open_admin,
+    open_io,
+    running_target,
+    w,
+)
+
 from adp_connector.nvmeof.wire.constants import DISCOVERY_NQN, Property
 from adp_connector.nvmeof.wire.sqe import (
     Sqe,
@@ -32,17 +44,6 @@ from adp_connector.nvmeof.wire.structs import (
     decode_discovery_log,
     decode_ns_descriptors,
     decode_ns_list,
-)
-from target_client import (
-    CC_ENABLE,
-    HOSTNQN,
-    SUBNQN,
-    RawQueue,
-    discovery_admin,
-    open_admin,
-    open_io,
-    running_target,
-    w,
 )
 
 
@@ -102,9 +103,10 @@ def test_connect_errors(tgt) -> None:
 
 
 def test_connect_bad_recfmt_and_sgl(tgt) -> None:
+    from target_client import HOSTID
+
     from adp_connector.nvmeof.wire.sqe import connect_cmd
     from adp_connector.nvmeof.wire.structs import ConnectData
-    from target_client import HOSTID
 
     with _raw(tgt) as q:
         sqe = connect_cmd(0, 32)

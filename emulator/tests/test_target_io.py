@@ -10,6 +10,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from target_client import RawQueue, open_admin, open_io, running_target, w
+
 from adp_connector.nvmeof.wire.constants import IoOpcode
 from adp_connector.nvmeof.wire.sqe import (
     Sqe,
@@ -19,7 +21,6 @@ from adp_connector.nvmeof.wire.sqe import (
     rw_cmd,
     write_zeroes_cmd,
 )
-from target_client import RawQueue, open_admin, open_io, running_target, w
 
 R, W = IoOpcode.READ, IoOpcode.WRITE
 

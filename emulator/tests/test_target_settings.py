@@ -11,8 +11,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from adp_emulator.target import TargetSettings, UserspaceTarget, parse_size, settings_from_config
 from target_client import open_admin
+
+from adp_emulator.target import TargetSettings, UserspaceTarget, parse_size, settings_from_config
 
 
 @pytest.mark.parametrize("field,value", [

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adp_connector.nvmeof.host import Controller, HostConfig
 from crc32c import crc32c
+
+from adp_connector.nvmeof.host import Controller, HostConfig
 
 NQN = "nqn.2026-11.io.awide:adp-kv"
 KiB, MiB = 1 << 10, 1 << 20

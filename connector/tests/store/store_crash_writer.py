@@ -10,8 +10,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from adp_connector.store import KeyNamespace, PageStore, StoreConfig
 from memdevice import FileBacking, MemDevice
+
+from adp_connector.store import KeyNamespace, PageStore, StoreConfig
 
 NS = KeyNamespace("crash-model", "bf16", "L", 16)
 WRITER = b"crash-writer-id!"

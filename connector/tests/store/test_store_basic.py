@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
+from memdevice import MemDevice
+from store_testutil import fast_config
+
 from adp_connector.device import BlockDevice
 from adp_connector.store import KeyNamespace, PageStatus, PageStore
 from adp_connector.store.alloc import ExtentAllocator
 from adp_connector.store.format import compute_geometry, pack_superblock, unpack_superblock
-from memdevice import MemDevice
-from store_testutil import fast_config
 
 NS = KeyNamespace("meta-llama/Llama-3.1-8B", "bfloat16", "LBHNC;h=8;d=128", 16, tp_rank=0, tp_size=2)
 

@@ -10,10 +10,11 @@ import sys
 import time
 
 import pytest
-from adp_connector.store import KeyNamespace, PageStatus, PageStore
 from memdevice import MemDevice
 from store_crash_writer import key_of, open_store, payload_of
 from store_testutil import fast_config
+
+from adp_connector.store import KeyNamespace, PageStatus, PageStore
 
 NS = KeyNamespace("m", "fp8", "BLHNC", 32)
 W = b"writer-0-0000000"

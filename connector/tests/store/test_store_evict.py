@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from adp_connector.store import KeyNamespace, PageStatus, PageStore
 from memdevice import MemDevice
 from store_testutil import fast_config
+
+from adp_connector.store import KeyNamespace, PageStatus, PageStore
 
 NS = KeyNamespace("m", "bf16", "L", 4)
 

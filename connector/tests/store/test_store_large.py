@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from adp_connector.store import KeyNamespace, PageStore
 from memdevice import FileBacking, MemDevice
 from store_testutil import fast_config
+
+from adp_connector.store import KeyNamespace, PageStore
 
 
 def test_200k_token_chain_multi_mib_pages(tmp_path) -> None:

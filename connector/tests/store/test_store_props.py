@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import hypothesis.strategies as st
-from adp_connector.store import KeyNamespace, PageStatus, PageStore
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from memdevice import MemDevice
 from store_testutil import fast_config
+
+from adp_connector.store import KeyNamespace, PageStatus, PageStore
 
 NS = KeyNamespace("prop", "bf16", "L", 2)
 KEYS = NS.chain_tokens(list(range(2 * 24)))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-from adp_connector.store import KeyNamespace, PageStatus, PageStore
 from store_testutil import fast_config
+
+from adp_connector.store import KeyNamespace, PageStatus, PageStore
 
 NS = KeyNamespace("Qwen/Qwen3-8B", "bfloat16", "LBHNC", 16, tp_rank=1, tp_size=2)
 

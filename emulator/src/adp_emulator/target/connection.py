@@ -734,7 +734,12 @@ class Connection:
         elif lid == LogPage.ERROR:
             page = ctrl.error_log()
         elif lid == LogPage.SMART:
+            # Per-namespace SMART: an NSID that is neither 0, "all" nor active is Invalid Namespace (nvmet).
+            if sqe.nsid not in (0, 0xFFFFFFFF) and sqe.nsid not in self.target.namespaces:
+                return C._err(C.SC_INVALID_NS)
             page = ctrl.smart_log()
+        elif lid == LogPage.CHANGED_NS:
+            page = ctrl.changed_ns_log(retain=bool(sqe.cdw10 & (1 << 15)))
         elif lid == LogPage.FIRMWARE_SLOT:
             page = bytes(512)
         else:

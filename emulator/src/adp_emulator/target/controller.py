@@ -108,6 +108,7 @@ class Controller:
         self.queues: dict[int, Connection] = {}
         self.aers: deque[tuple[Connection, int]] = deque()
         self.pending_events: deque[int] = deque()
+        self.changed_ns: list[int] = []  # Changed Namespace List log (LID 0x04), cleared when read
         self.errors: deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_SLOTS)
         self.error_count = 0
         self.dead = False
@@ -138,6 +139,19 @@ class Controller:
                 self.pending_events.append(dw0)
                 return
         conn.send_completion(cid, 0, dw0)
+
+    def note_namespace_changed(self, nsid: int) -> None:
+        with self.lock:
+            if nsid not in self.changed_ns and len(self.changed_ns) < 1024:
+                self.changed_ns.append(nsid)
+
+    def changed_ns_log(self, retain: bool) -> bytes:
+        """LID 0x04: up to 1024 changed NSIDs, zero padded; reading clears it unless RAE is set."""
+        with self.lock:
+            ids = sorted(self.changed_ns)
+            if not retain:
+                self.changed_ns.clear()
+        return struct.pack(f"<{len(ids)}I", *ids) + bytes(4096 - 4 * len(ids))
 
     def fail_aers(self, status: int = SC_INTERNAL) -> None:
         """Fail every parked AER (nvmet does this on controller teardown)."""
@@ -230,10 +244,9 @@ def identify_namespace(target: UserspaceTarget, nsid: int) -> bytes | None:
         return None
     shift = ns.lba_shift
     idn = IdentifyNamespace(nsze=ns.nsze, ncap=ns.nsze, nuse=ns.nsze, nmic=1, nguid=ns.nguid,
+                            dlfeat=0x01,  # deallocated blocks read as zeros
                             lbaf=[LbaFormat(0, shift, 0)])
-    raw = bytearray(idn.encode())
-    raw[33] = 0x01  # DLFEAT: deallocated blocks read as zeros
-    return bytes(raw)
+    return idn.encode()
 
 
 def ns_descriptors(target: UserspaceTarget, nsid: int) -> bytes | None:
@@ -255,7 +268,7 @@ def slice_log(page: bytes, offset: int, length: int) -> bytes:
 
 def supported_logs(discovery: bool) -> bytes:
     buf = bytearray(1024)
-    for lid in ((0x70,) if discovery else (0x00, 0x01, 0x02, 0x03)):
+    for lid in ((0x70,) if discovery else (0x00, 0x01, 0x02, 0x03, 0x04)):
         struct.pack_into("<I", buf, lid * 4, 1)
     return bytes(buf)
 

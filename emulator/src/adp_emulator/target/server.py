@@ -236,6 +236,7 @@ class UserspaceTarget:
         with self._lock:
             ctrls = [c for c in self._controllers.values() if not c.discovery]
         for c in ctrls:
+            c.note_namespace_changed(nsid)
             c.post_event(0x00040002, C.OAES_NS_ATTR)
 
     def namespace_counters(self, nsid: int = 1) -> IoCounters:

@@ -210,6 +210,8 @@ class Controller:
                 q = self._open_queue(qid, depth, io_capsule)
                 self._io.append(q)
                 q.connect(subnqn, cfg.hostnqn, cfg.hostid, self.cntlid, 0, cfg.connect_timeout)
+            if not all(q.alive for q in [admin, *self._io]):
+                raise NvmeTransportError("a queue failed while the association was being established")
         except BaseException:
             self._teardown()
             raise
@@ -297,16 +299,18 @@ class Controller:
             now = time.monotonic()
             if self._lost is not None:
                 with self._assoc_lock:
+                    if self._lost is None or self._closed:  # reconnected by another thread meanwhile
+                        continue
                     if self._admin is not None or self._io:
                         self._teardown()
-                if self.config.auto_reconnect and now >= self._next_reconnect:
-                    try:
-                        self.reconnect()
-                        log.info("NVMe/TCP association re-established (cntlid %d)", self.cntlid)
-                        next_ka = time.monotonic() + kato / 2 if kato else float("inf")
-                    except Exception as e:  # keep trying at the configured pace
-                        self._next_reconnect = time.monotonic() + self.config.reconnect_delay
-                        log.debug("reconnect failed: %s", e)
+                    if self.config.auto_reconnect and now >= self._next_reconnect:
+                        try:
+                            self.reconnect()
+                            log.info("NVMe/TCP association re-established (cntlid %d)", self.cntlid)
+                            next_ka = time.monotonic() + kato / 2 if kato else float("inf")
+                        except Exception as e:  # keep trying at the configured pace
+                            self._next_reconnect = time.monotonic() + self.config.reconnect_delay
+                            log.debug("reconnect failed: %s", e)
                 continue
             for q in [self._admin, *self._io]:
                 if q is not None and q.expire(now):
@@ -426,9 +430,11 @@ class Controller:
 
     @property
     def max_transfer_bytes(self) -> int:
-        limit = self.mdts_bytes or DEFAULT_MAX_TRANSFER
-        if self.config.max_transfer_bytes:
-            limit = min(limit, self.config.max_transfer_bytes)
+        mdts, cap = self.mdts_bytes, self.config.max_transfer_bytes
+        if mdts is None:  # no limit reported: the configured size, else a moderate default
+            limit = cap or DEFAULT_MAX_TRANSFER
+        else:
+            limit = min(mdts, cap) if cap else mdts
         limit = min(limit, MAX_NLB * self.lba_size)
         return max(self.lba_size, limit - limit % self.lba_size)
 

@@ -215,16 +215,13 @@ def encode(pdu: Pdu, hdgst: bool = False, ddgst: bool = False, pda: int = 0) -> 
         pdo = 0
         plen = hlen + (DIGEST_SIZE if use_h else 0)
     CH.pack_into(hdr, 0, t, flags, hlen, pdo, plen)
-    out: list[Data] = [hdr]
     if use_h:
         hdr += digest_bytes(hdr)
-    if dlen:
-        if pdo > len(hdr):
-            hdr += bytes(pdo - len(hdr))
-        out.append(data)
-        if use_d:
-            out.append(digest_bytes(data))
-    return out
+    if not dlen:
+        return [hdr]
+    if pdo > len(hdr):
+        hdr += bytes(pdo - len(hdr))
+    return [hdr, data, digest_bytes(data)] if use_d else [hdr, data]
 
 
 def encode_bytes(pdu: Pdu, hdgst: bool = False, ddgst: bool = False, pda: int = 0) -> bytes:
@@ -306,7 +303,7 @@ def check_common_header(ch: CommonHeader, raw: bytes, receiver_is_host: bool, hd
         if t in (PduType.H2C_DATA, PduType.C2H_DATA):
             raise PduError(FatalErrorStatus.INVALID_HEADER_FIELD, f"{t.name} without data", 4, raw)
         return
-    if t not in _DATA_CAPABLE:
+    if t not in _DATA_CAPABLE or ch.plen < ch.hlen + has_h:
         raise PduError(FatalErrorStatus.INVALID_HEADER_FIELD, f"{t.name} with PLEN {ch.plen}", 4, raw)
     if bool(ch.flags & PduFlags.DDGSTF) != ddgst:
         raise PduError(FatalErrorStatus.INVALID_HEADER_FIELD,

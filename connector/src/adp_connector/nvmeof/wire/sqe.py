@@ -113,6 +113,8 @@ def _fabrics(fctype: int, **kw: int) -> Sqe:
 
 def connect_cmd(qid: int, sqsize: int, kato_ms: int = 0, cattr: int = 0) -> Sqe:
     """Fabrics Connect; ``sqsize`` is the real queue size (encoded 0's based). 1024 bytes in-capsule."""
+    if not 1 <= sqsize <= 0x10000:
+        raise ValueError(f"queue size {sqsize} outside 1..65536")
     return _fabrics(
         FabricsType.CONNECT,
         sgl_id=SglId.DATA_BLOCK_OFFSET, sgl_len=1024,

@@ -178,6 +178,7 @@ class IdentifyNamespace:
     nlbaf: int = 0
     flbas: int = 0
     nmic: int = 0
+    dlfeat: int = 0
     nawun: int = 0
     nawupf: int = 0
     nguid: bytes = bytes(16)
@@ -188,6 +189,7 @@ class IdentifyNamespace:
         buf = bytearray(IDENTIFY_SIZE)
         struct.pack_into("<QQQBBB", buf, 0, self.nsze, self.ncap, self.nuse, self.nsfeat, self.nlbaf, self.flbas)
         buf[30] = self.nmic
+        buf[33] = self.dlfeat
         struct.pack_into("<HH", buf, 34, self.nawun, self.nawupf)
         buf[104:120] = self.nguid
         buf[120:128] = self.eui64
@@ -202,7 +204,7 @@ class IdentifyNamespace:
         nsze, ncap, nuse, nsfeat, nlbaf, flbas = struct.unpack_from("<QQQBBB", data, 0)
         nawun, nawupf = struct.unpack_from("<HH", data, 34)
         lbaf = [LbaFormat(*struct.unpack_from("<HBB", data, 128 + 4 * i)) for i in range(nlbaf + 1)]
-        return cls(nsze, ncap, nuse, nsfeat, nlbaf, flbas, data[30], nawun, nawupf,
+        return cls(nsze, ncap, nuse, nsfeat, nlbaf, flbas, data[30], data[33], nawun, nawupf,
                    bytes(data[104:120]), bytes(data[120:128]), lbaf)
 
     @property
