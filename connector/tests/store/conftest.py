@@ -13,19 +13,30 @@ sys.path.insert(0, os.path.dirname(__file__))
 from memdevice import FileBacking, MemDevice
 
 
-@pytest.fixture(params=["mem", "file"])
+@pytest.fixture(params=["mem", "file", "nvme"])
 def device_factory(request: pytest.FixtureRequest, tmp_path) -> Iterator[Callable[..., MemDevice]]:
     """Make devices of one kind; ``reopen=True`` returns a new device over the same state (a target restart).
 
-    The lead wires the NVMe/TCP client (userspace and kernel targets) in here as further params.
+    ``nvme``: the real host client against a real, file-backed userspace target over loopback TCP;
+    ``reopen=True`` then restarts the target process object over the same file.
     """
     kind = request.param
     made: list[MemDevice] = []
     state: dict[str, object] = {}
+    targets: list = []
 
     def make(capacity: int = 8 << 20, lba_size: int = 512, max_transfer: int = 128 << 10,
              reopen: bool = False) -> MemDevice:
-        if kind == "mem":
+        if kind == "nvme":
+            from nvmedevice import NvmeTarget, NvmeTestDevice
+
+            if reopen:
+                made[-1].close()
+                targets[-1].restart()
+            else:
+                targets.append(NvmeTarget(tmp_path / f"ns{len(targets)}.img", capacity, lba_size, max_transfer))
+            dev = NvmeTestDevice(targets[-1], max_transfer)
+        elif kind == "mem":
             if reopen:
                 old = made[-1]
                 dev = MemDevice(capacity, lba_size, max_transfer)
@@ -44,3 +55,5 @@ def device_factory(request: pytest.FixtureRequest, tmp_path) -> Iterator[Callabl
     for d in made:
         if not d.closed:
             d.close()
+    for t in targets:
+        t.stop()

@@ -195,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(dp)
     dp.set_defaults(func=cmd_bench_datapath)
+    import importlib.util
+
+    if importlib.util.find_spec("adp_testbed.verify") is not None:  # the vLLM acceptance harness
+        from . import verify
+
+        vp = sub.add_parser("verify", help="cold -> engine restart -> warm on a tiny random-weight model; "
+                                           "compares every restored page byte for byte")
+        verify.add_arguments(vp)
+        vp.set_defaults(func=verify.main)
     demo = sub.add_parser("demo", help="bring up a target, move data through it, print the results")
     demo.add_argument("--json", help="also write the results to this JSON file")
     demo.set_defaults(func=cmd_demo)
