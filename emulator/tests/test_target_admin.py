@@ -203,7 +203,7 @@ def test_identify(tgt, admin) -> None:
     idc = IdentifyController.decode(d)
     assert c.status.ok and idc.cntlid == admin.cntlid and idc.subnqn == SUBNQN
     assert idc.mdts == 5 and idc.kas == 10 and idc.sgls & 3 == 1 and idc.icdoff == 0
-    assert idc.ioccsz == (64 + 8192) // 16 and idc.maxcmd == 64 and idc.sqes == 0x66 and idc.cqes == 0x44
+    assert idc.ioccsz == (64 + 128 * 1024) // 16 and idc.maxcmd == 64 and idc.sqes == 0x66 and idc.cqes == 0x44
     assert idc.oncs == 0x0C and idc.vwc == 1 and idc.cntrltype == 1 and idc.nn == 1
     c, d = admin.cmd(identify_cmd(0, nsid=1))
     idn = IdentifyNamespace.decode(d)

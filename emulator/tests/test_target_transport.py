@@ -144,7 +144,8 @@ def test_h2cdata_errors(tgt, bystander) -> None:
         # In-capsule data beyond every limit: Data Transfer Limit Exceeded.
         io = open_io(tgt.address, a.cntlid, 2)
         with io:
-            io.submit(rw_cmd(IoOpcode.WRITE, 1, 0, 4, 16384, in_capsule=True), bytes(16384))
+            n = tgt.settings.in_capsule_bytes + 16384  # past the I/O queue's advertised in-capsule size
+            io.submit(rw_cmd(IoOpcode.WRITE, 1, 0, n // 4096, n, in_capsule=True), bytes(n))
             assert io.expect_term().fes == F.DATA_TRANSFER_LIMIT_EXCEEDED
     _check_bystander(bystander)
 

@@ -1,13 +1,24 @@
-"""``python -m adp_emulator serve ...``: run the userspace NVMe/TCP target in the foreground."""
+"""``python -m adp_emulator serve ...``: run the userspace NVMe/TCP target in the foreground.
+
+``serve --mgmt-port N`` also serves the management API (docs/management-api.md) from the same process
+(off unless given; ``testbed up`` passes ``--mgmt-port 0``). ``mgmt --kernel-workdir DIR`` serves it
+for a kernel target started into DIR.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from adp_emulator.api import ApiServer
+
+TOKEN_ENV = "ADP_KV_MGMT_TOKEN"
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -27,8 +38,122 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-host", action="append", default=None, metavar="NQN", help="allowed host NQN (repeat)")
     s.add_argument("--allow-any-host", action="store_true", default=None)
     s.add_argument("--require-data-digest", action="store_true", default=None)
+    _add_mgmt_args(s, port_default=None)
     s.add_argument("-v", "--verbose", action="store_true")
+    m = sub.add_parser("mgmt", help="serve the management API for a kernel target (testbed up --backend kernel)")
+    m.add_argument("--kernel-workdir", required=True, help="the KernelTarget workdir (holds kernel-target.json)")
+    _add_mgmt_args(m, port_default=0)
+    m.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def _add_mgmt_args(p: argparse.ArgumentParser, port_default: int | None) -> None:
+    g = p.add_argument_group("management API")
+    g.add_argument("--mgmt-port", type=int, default=port_default,
+                   help="serve the management API on this port (0 = any free port)"
+                   + ("; default: off" if port_default is None else f"; default {port_default}"))
+    g.add_argument("--mgmt-host", default="127.0.0.1", help="management API address (default 127.0.0.1)")
+    g.add_argument("--mgmt-token", default=None,
+                   help=f"bearer token for mutating requests (default ${TOKEN_ENV}, else generated)")
+    g.add_argument("--mgmt-token-file", default=None,
+                   help="write the token here, mode 0600 (default for a generated token: "
+                        "<state dir>/mgmt-<port>.token)")
+    g.add_argument("--mgmt-allow-remote", action="store_true",
+                   help="allow a non-loopback --mgmt-host (needs --mgmt-token or $" + TOKEN_ENV + "; "
+                        "then reads need the token too)")
+
+
+def _state_dir() -> str:
+    return os.environ.get("ADP_KV_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".local", "state", "adp-kv")
+
+
+class _Mgmt:
+    """The management API server of this process and the token file it wrote (removed at exit)."""
+
+    def __init__(self, server: ApiServer, token_file: str | None) -> None:
+        self.server = server
+        self.token_file = token_file
+
+    def stop(self) -> None:
+        self.server.stop()
+        if self.token_file:
+            try:
+                os.unlink(self.token_file)
+            except OSError:
+                pass
+
+
+def _check_mgmt_args(args: argparse.Namespace) -> str | None:
+    """The explicit token (flag or env), if any; ValueError for an unsafe combination of options."""
+    from adp_emulator.api import is_loopback
+
+    explicit = args.mgmt_token or os.environ.get(TOKEN_ENV) or None
+    if args.mgmt_port is not None and not 0 <= args.mgmt_port <= 65535:
+        raise ValueError(f"--mgmt-port {args.mgmt_port} is out of range [0, 65535]")
+    if not is_loopback(args.mgmt_host):
+        if not args.mgmt_allow_remote:
+            raise ValueError(f"--mgmt-host {args.mgmt_host} is not a loopback address; "
+                             f"pass --mgmt-allow-remote (and a token) to expose the management API")
+        if not explicit or len(explicit) < 16:
+            raise ValueError(f"a non-loopback management API needs a token of at least 16 characters "
+                             f"(--mgmt-token or ${TOKEN_ENV})")
+    return explicit
+
+
+def _start_mgmt(args: argparse.Namespace, backend: Any) -> _Mgmt:
+    """Start the API in a background thread; raises ValueError (bad options) or OSError (bind)."""
+    from adp_emulator.api import ApiServer, create_app, is_loopback, write_token_file
+
+    explicit = _check_mgmt_args(args)
+    app = create_app(backend, explicit, protect_reads=not is_loopback(args.mgmt_host))
+    server = ApiServer(app, args.mgmt_host, args.mgmt_port)
+    token_file = args.mgmt_token_file
+    if token_file is None and not explicit:
+        token_file = os.path.join(_state_dir(), f"mgmt-{server.port}.token")
+    try:
+        if token_file:
+            write_token_file(token_file, app.state.token)
+        server.start()
+    except BaseException:
+        server.stop()
+        raise
+    if token_file:
+        print(f"adp-emulator: management token in {token_file}", file=sys.stderr, flush=True)
+    return _Mgmt(server, token_file if not explicit else None)
+
+
+def _install_signals() -> threading.Event:
+    """An event set by SIGTERM/SIGINT (installed before the READY/MGMT lines are printed)."""
+    done = threading.Event()
+
+    def _on_signal(signum: int, frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    return done
+
+
+def _main_mgmt(args: argparse.Namespace) -> int:
+    from adp_emulator.api import KernelBackend
+
+    done = _install_signals()
+    try:
+        mgmt = _start_mgmt(args, KernelBackend(args.kernel_workdir))
+    except ValueError as e:
+        print(f"adp-emulator: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"adp-emulator: cannot serve the management API on {args.mgmt_host}:{args.mgmt_port}: {e}",
+              file=sys.stderr)
+        return 1
+    print(f"ADP-EMULATOR MGMT {mgmt.server.url}", flush=True)
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        mgmt.stop()
+    return 0
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -56,10 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.cmd == "mgmt":
+        return _main_mgmt(args)
     from adp_emulator.target import UserspaceTarget
 
     try:
         settings = _settings(args)
+        if args.mgmt_port is not None:
+            _check_mgmt_args(args)
     except ValueError as e:
         print(f"adp-emulator: {e}", file=sys.stderr)
         return 2
@@ -69,19 +198,28 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"adp-emulator: cannot listen on {settings.host}:{settings.port}: {e}", file=sys.stderr)
         return 1
-    done = threading.Event()
+    done = _install_signals()
+    mgmt: _Mgmt | None = None
+    if args.mgmt_port is not None:
+        from adp_emulator.api import UserspaceBackend
 
-    def _on_signal(signum: int, frame: object) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+        try:
+            mgmt = _start_mgmt(args, UserspaceBackend(target))
+        except (ValueError, OSError) as e:
+            target.stop()
+            what = "" if isinstance(e, ValueError) else f"cannot serve the management API on " \
+                f"{args.mgmt_host}:{args.mgmt_port}: "
+            print(f"adp-emulator: {what}{e}", file=sys.stderr)
+            return 2 if isinstance(e, ValueError) else 1
+        print(f"ADP-EMULATOR MGMT {mgmt.server.url}", flush=True)
     host, port = target.address
     print(f"ADP-EMULATOR READY {host} {port} {settings.subnqn}", flush=True)
     try:
         while not done.wait(0.5):
             pass
     finally:
+        if mgmt is not None:
+            mgmt.stop()
         target.stop()
     return 0
 

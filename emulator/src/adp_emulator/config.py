@@ -329,7 +329,7 @@ class AdpSettings:
     queue_depth: int = 128
     keep_alive_ms_default: int = 120_000
     backing: Backing = "ram"
-    inline_data_size: int = 8192
+    inline_data_size: int = 128 * 1024
 
     def validate(self, where: str = "adp") -> None:
         """Raise ValueError naming the offending field."""

@@ -20,6 +20,7 @@ from . import targets as T
 from .sizes import parse_size
 
 DEFAULT_NQN = "nqn.2026-11.io.awide:adp-kv"
+MGMT_TOKEN_FILE = "mgmt.token"  # in the state dir, mode 0600 (written by the emulator process)
 
 
 class CliError(Exception):
@@ -38,13 +39,26 @@ def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
         host=args.host, port=args.port, config=args.config,
         nqn=None if args.config else args.nqn, capacity=None if args.config else args.capacity,
         lba_size=None if args.config else args.lba_size, mdts=None if args.config else args.mdts,
-        backing=args.backing, allow_hosts=args.allow_host, allow_any_host=args.allow_any_host)
+        backing=args.backing, allow_hosts=args.allow_host, allow_any_host=args.allow_any_host,
+        mgmt_port=0, mgmt_token_file=str(sdir / MGMT_TOKEN_FILE))
     try:
         got = T.launch_userspace(cmd, sdir / "target.log", timeout=args.timeout)
     except T.LaunchError as e:
         raise CliError(str(e)) from None
     return S.TargetState(backend="user", traddr=got.traddr, trsvcid=got.trsvcid, subnqn=got.subnqn,
-                         pid=got.proc.pid, hosted="host", log=str(got.log))
+                         pid=got.proc.pid, hosted="host", log=str(got.log), mgmt_url=got.mgmt_url,
+                         extra={"mgmt_token_file": str(sdir / MGMT_TOKEN_FILE)})
+
+
+def _spawn_kernel_mgmt(sdir: Path, workdir: Path, timeout: float) -> dict:
+    """The management API process of a kernel target (`adp_emulator mgmt`); {} if it does not start."""
+    token_file = sdir / MGMT_TOKEN_FILE
+    try:
+        proc, url = T.launch_mgmt(T.mgmt_command(workdir, token_file), sdir / "mgmt.log", timeout=timeout)
+    except T.LaunchError as e:
+        print(f"note: no management API: {e}", file=sys.stderr)
+        return {}
+    return {"mgmt_url": url, "mgmt_pid": proc.pid, "mgmt_token_file": str(token_file)}
 
 
 def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
@@ -66,9 +80,11 @@ def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
         info = kt.start(timeout=max(args.timeout, 30.0))
     except KernelBackendError as e:
         raise CliError(str(e)) from None
+    mgmt = _spawn_kernel_mgmt(sdir, workdir, args.timeout)
     return S.TargetState(backend="kernel", traddr=info["traddr"], trsvcid=int(info["trsvcid"]),
                          subnqn=info["subnqn"], pid=int(info.get("pid") or 0), hosted=info.get("hosted", "vm"),
-                         log=str(workdir), extra={"workdir": str(workdir), "accel": info.get("accel")})
+                         log=str(workdir), mgmt_url=mgmt.pop("mgmt_url", None),
+                         extra={"workdir": str(workdir), "accel": info.get("accel"), **mgmt})
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -83,6 +99,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     st = _spawn_kernel(args, sdir) if args.backend == "kernel" else _spawn_userspace(args, sdir)
     S.save(sdir, st)
     print(f"{st.backend} target up: {st.traddr}:{st.trsvcid} {st.subnqn} (pid {st.pid}, {st.hosted})")
+    if st.mgmt_url:
+        print(f"management API: {st.mgmt_url} (token in {st.extra.get('mgmt_token_file')})")
     return 0
 
 
@@ -106,6 +124,11 @@ def cmd_down(args: argparse.Namespace) -> int:
             KernelTarget.from_workdir(Path(st.extra["workdir"])).stop()
         except Exception as e:  # fall back to killing the recorded process
             print(f"note: {e}", file=sys.stderr)
+    mgmt_pid = int(st.extra.get("mgmt_pid") or 0)  # the kernel backend's API process
+    if S.pid_alive(mgmt_pid) and not S.stop_pid(mgmt_pid):
+        print(f"note: could not stop the management API (pid {mgmt_pid})", file=sys.stderr)
+    if st.extra.get("mgmt_token_file"):
+        Path(st.extra["mgmt_token_file"]).unlink(missing_ok=True)
     if S.pid_alive(st.pid) and not S.stop_pid(st.pid):
         raise CliError(f"could not stop pid {st.pid}")
     S.clear(sdir)

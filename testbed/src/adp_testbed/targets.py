@@ -16,6 +16,7 @@ from pathlib import Path
 from . import state as S
 
 READY_MARK = "ADP-EMULATOR READY"
+MGMT_MARK = "ADP-EMULATOR MGMT"
 
 
 class LaunchError(Exception):
@@ -29,13 +30,19 @@ class Launched:
     trsvcid: int
     subnqn: str
     log: Path
+    mgmt_url: str | None = None  # the management API (``serve --mgmt-port``), if enabled
 
 
 def userspace_command(host: str = "127.0.0.1", port: int = 0, nqn: str | None = None, capacity: int | None = None,
                       lba_size: int | None = None, mdts: int | None = None, backing: str | None = None,
                       config: str | None = None, allow_hosts: list[str] | None = None,
-                      allow_any_host: bool = False) -> list[str]:
+                      allow_any_host: bool = False, mgmt_port: int | None = None,
+                      mgmt_token_file: str | None = None) -> list[str]:
     cmd = [sys.executable, "-u", "-m", "adp_emulator", "serve", "--host", host, "--port", str(port)]
+    if mgmt_port is not None:
+        cmd += ["--mgmt-port", str(mgmt_port)]
+    if mgmt_token_file:
+        cmd += ["--mgmt-token-file", str(Path(mgmt_token_file).resolve())]
     if config:
         cmd += ["--config", str(Path(config).resolve())]
     for flag, value in (("--nqn", nqn), ("--capacity", capacity), ("--lba-size", lba_size), ("--mdts", mdts)):
@@ -51,17 +58,21 @@ def userspace_command(host: str = "127.0.0.1", port: int = 0, nqn: str | None = 
 
 
 def launch_userspace(cmd: list[str], log_path: Path, timeout: float = 20.0, detach: bool = True) -> Launched:
-    """Start ``cmd`` (an ``adp_emulator serve`` command line) and wait for its READY line."""
+    """Start ``cmd`` (an ``adp_emulator serve`` command line) and wait for its READY line
+    (the MGMT line, when the management API is on, comes before it)."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=detach)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
+        mgmt_url = None
         for line in text.splitlines():
+            if line.startswith(MGMT_MARK + " "):
+                mgmt_url = line.split()[2]
             if line.startswith(READY_MARK):
                 _, _, host, port, nqn = line.split(maxsplit=4)
-                return Launched(proc, host, int(port), nqn.strip(), log_path)
+                return Launched(proc, host, int(port), nqn.strip(), log_path, mgmt_url)
         if proc.poll() is not None:
             tail = "\n".join(text.splitlines()[-15:])
             raise LaunchError(f"the userspace target exited with status {proc.returncode} before it was ready:\n"
@@ -69,6 +80,31 @@ def launch_userspace(cmd: list[str], log_path: Path, timeout: float = 20.0, deta
         time.sleep(0.05)
     S.stop_pid(proc.pid)
     raise LaunchError(f"the userspace target was not ready within {timeout} s (log: {log_path})")
+
+
+def mgmt_command(kernel_workdir: str | Path, token_file: str | Path, port: int = 0) -> list[str]:
+    """``adp_emulator mgmt``: the management API process for a kernel target."""
+    return [sys.executable, "-u", "-m", "adp_emulator", "mgmt", "--kernel-workdir", str(Path(kernel_workdir).resolve()),
+            "--mgmt-port", str(port), "--mgmt-token-file", str(Path(token_file).resolve())]
+
+
+def launch_mgmt(cmd: list[str], log_path: Path, timeout: float = 20.0) -> tuple[subprocess.Popen, str]:
+    """Start a detached ``adp_emulator mgmt`` process and wait for its MGMT line; (process, URL)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        for line in text.splitlines():
+            if line.startswith(MGMT_MARK + " "):
+                return proc, line.split()[2]
+        if proc.poll() is not None:
+            tail = "\n".join(text.splitlines()[-15:])
+            raise LaunchError(f"the management API exited with status {proc.returncode}:\n{tail}")
+        time.sleep(0.05)
+    S.stop_pid(proc.pid)
+    raise LaunchError(f"the management API was not ready within {timeout} s (log: {log_path})")
 
 
 class LocalTarget:

@@ -65,7 +65,7 @@ class TargetSettings:
     backing_path: str | None = None  # None = RAM
     allowed_hosts: list[str] = field(default_factory=list)
     allow_any_host: bool | None = None  # None = allow any host only when listening on loopback
-    in_capsule_bytes: int = 8192
+    in_capsule_bytes: int = 128 * 1024  # writes up to this size skip the R2T round trip (nvmet: 16 KiB)
     maxh2cdata: int = 128 * 1024
     require_data_digest: bool = False
     serial: str = ""  # "" = derived from subnqn
@@ -111,7 +111,7 @@ class TargetSettings:
                 raise _fail("allowed_hosts", str(e)) from None
         if self.allow_any_host not in (None, True, False):
             raise _fail("allow_any_host", f"must be None, True or False, got {self.allow_any_host!r}")
-        _int("in_capsule_bytes", self.in_capsule_bytes, 0, 1 << 20)
+        _int("in_capsule_bytes", self.in_capsule_bytes, 0, 16 << 20)
         if self.in_capsule_bytes % 16:
             raise _fail("in_capsule_bytes", "must be a multiple of 16 (IOCCSZ units)")
         _int("maxh2cdata", self.maxh2cdata, 4096, 16 << 20)

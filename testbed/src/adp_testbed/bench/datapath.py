@@ -35,6 +35,7 @@ PRESETS = {
 
 @dataclass
 class Row:
+    mdts: int
     op: str
     pattern: str
     size: int
@@ -57,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", help="read,write")
     p.add_argument("--seconds", type=float, help="time per point")
     p.add_argument("--working-set", type=parse_size, default=parse_size("256M"), help="bytes of the namespace used")
-    p.add_argument("--mdts", type=parse_size, default=parse_size("128K"), help="emulator MDTS (local target only)")
+    p.add_argument("--mdts", default="128K", help="emulator MDTS, comma-separated for several targets (local only)")
     p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); skips the local emulator")
     p.add_argument("--nqn", help="subsystem NQN with --target (default: ask the discovery controller)")
     p.add_argument("--json", help="write results to this file")
@@ -105,50 +106,19 @@ def main(args: argparse.Namespace) -> int:
     ops = _list(args.ops, preset["ops"])
     seconds = args.seconds or preset["seconds"]
     ws = args.working_set
-    local = None
-    if args.target:
-        host, _, port = args.target.rpartition(":")
-        addr, nqn = host, args.nqn
-        port_i = int(port)
-    else:
-        local = LocalTarget(capacity=max(ws * 2, 1 << 30), mdts=args.mdts)
-        got = local.__enter__()
-        addr, port_i, nqn = got.traddr, got.trsvcid, got.subnqn
     rows: list[Row] = []
     ceilings: dict[tuple[str, int, int], float] = {}
-    try:
-        with StreamServer(addr if addr in ("127.0.0.1", "::1", "localhost") else "127.0.0.1") as stream:
-            for q in queues:
-                cfg = HostConfig(traddr=addr, trsvcid=port_i, subnqn=nqn, io_queues=q, queue_depth=128)
-                with Controller.connect(cfg) as ctrl:
-                    ws_eff = min(ws, ctrl.capacity_bytes)
-                    if "read" in ops:  # make reads hit written data
-                        fill = memoryview(bytearray(os.urandom(1 << 20)) * 4)
-                        for off in range(0, ws_eff - len(fill) + 1, len(fill)):
-                            ctrl.write(off, fill)
-                    print(f"# target {addr}:{port_i} {ctrl.config.subnqn}: MDTS {format_size(ctrl.max_transfer_bytes)}"
-                          f", {q} I/O queue(s)", file=sys.stderr)
-                    for op in ops:
-                        for size in sizes:
-                            key = (op, q, size)
-                            if key not in ceilings:
-                                total = max(256 << 20, size * q * 8)
-                                ceilings[key] = max(stream.measure(q, total, min(size, 1 << 20), op)
-                                                    for _ in range(2))
-                            for pattern in patterns:
-                                for depth in depths:
-                                    n, dt = run_point(ctrl, op, pattern, size, depth, seconds, ws_eff)
-                                    gbps = n / dt / 1e9
-                                    r = Row(op, pattern, size, q, depth, round(dt, 3), n, round(gbps, 3),
-                                            round(n / size / dt), round(ceilings[key], 3),
-                                            round(gbps / ceilings[key], 3))
-                                    rows.append(r)
-                                    print(f"{op:5} {pattern:4} {format_size(size):>5} q={q} qd={depth:<3} "
-                                          f"{gbps:7.3f} GB/s {r.iops:9.0f} IOPS  ceiling {r.ceiling_gbps:6.3f}  "
-                                          f"ratio {r.ratio:5.2f}", flush=True)
-    finally:
-        if local is not None:
-            local.__exit__(None, None, None)
+    mdts_list = [0] if args.target else _list(args.mdts, [], parse_size)
+    with StreamServer("127.0.0.1") as stream:
+        for mdts in mdts_list:
+            if args.target:
+                host, _, port = args.target.rpartition(":")
+                _run_target(host, int(port), args.nqn, 0, queues, ops, sizes, patterns, depths, seconds, ws, stream,
+                            ceilings, rows)
+                continue
+            with LocalTarget(capacity=max(ws * 2, 1 << 30), mdts=mdts) as got:
+                _run_target(got.traddr, got.trsvcid, got.subnqn, mdts, queues, ops, sizes, patterns, depths,
+                            seconds, ws, stream, ceilings, rows)
     summary = summarize(rows)
     print(json.dumps(summary, indent=2))
     if args.json:
@@ -156,6 +126,38 @@ def main(args: argparse.Namespace) -> int:
             json.dump({"rows": [asdict(r) for r in rows], "summary": summary,
                        "threads": threading.active_count()}, f, indent=2)
     return 0
+
+
+def _run_target(addr: str, port: int, nqn: str | None, mdts: int, queues: list[int], ops: list[str],
+                sizes: list[int], patterns: list[str], depths: list[int], seconds: float, ws: int,
+                stream: StreamServer, ceilings: dict, rows: list[Row]) -> None:
+    for q in queues:
+        cfg = HostConfig(traddr=addr, trsvcid=port, subnqn=nqn, io_queues=q, queue_depth=128)
+        with Controller.connect(cfg) as ctrl:
+            ws_eff = min(ws, ctrl.capacity_bytes)
+            if "read" in ops:  # make reads hit written data (never-written memory costs page faults)
+                fill = memoryview(bytearray(os.urandom(1 << 20)) * 4)
+                for off in range(0, ws_eff - len(fill) + 1, len(fill)):
+                    ctrl.write(off, fill)
+            print(f"# target {addr}:{port} {ctrl.config.subnqn}: max transfer {format_size(ctrl.max_transfer_bytes)}"
+                  f", {q} I/O queue(s)", file=sys.stderr)
+            for op in ops:
+                for size in sizes:
+                    key = (op, q, size)
+                    if key not in ceilings:
+                        total = max(256 << 20, size * q * 8)
+                        ceilings[key] = max(stream.measure(q, total, min(size, 1 << 20), op) for _ in range(2))
+                    for pattern in patterns:
+                        for depth in depths:
+                            n, dt = run_point(ctrl, op, pattern, size, depth, seconds, ws_eff)
+                            gbps = n / dt / 1e9
+                            r = Row(mdts or ctrl.max_transfer_bytes, op, pattern, size, q, depth, round(dt, 3), n,
+                                    round(gbps, 3), round(n / size / dt), round(ceilings[key], 3),
+                                    round(gbps / ceilings[key], 3))
+                            rows.append(r)
+                            print(f"mdts {format_size(r.mdts):>5} {op:5} {pattern:4} {format_size(size):>5} q={q} "
+                                  f"qd={depth:<3} {gbps:7.3f} GB/s {r.iops:9.0f} IOPS  ceiling {r.ceiling_gbps:6.3f}"
+                                  f"  ratio {r.ratio:5.2f}", flush=True)
 
 
 def summarize(rows: list[Row]) -> dict:

@@ -75,6 +75,7 @@ class HostConfig:
     max_transfer_bytes: int | None = None  # cap below the controller's MDTS (tests, tuning)
     reconnect_delay: float = 1.0
     auto_reconnect: bool = True
+    disable_sq_flow_control: bool = True  # reads end with C2HData SUCCESS, no CapsuleResp (Linux: -d)
     use_discovered_address: bool = False  # with subnqn=None: also take TRADDR/TRSVCID from the discovery log
     transport: Transport = field(default_factory=TcpTransport)
 
@@ -209,7 +210,8 @@ class Controller:
             for qid in range(1, nq + 1):
                 q = self._open_queue(qid, depth, io_capsule)
                 self._io.append(q)
-                q.connect(subnqn, cfg.hostnqn, cfg.hostid, self.cntlid, 0, cfg.connect_timeout)
+                q.connect(subnqn, cfg.hostnqn, cfg.hostid, self.cntlid, 0, cfg.connect_timeout,
+                          disable_sq_flow_control=cfg.disable_sq_flow_control)
             if not all(q.alive for q in [admin, *self._io]):
                 raise NvmeTransportError("a queue failed while the association was being established")
         except BaseException:

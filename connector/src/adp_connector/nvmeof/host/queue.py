@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from ..wire import pdu as P
-from ..wire.constants import PduFlags, PduType, SglId
+from ..wire.constants import CATTR_DISABLE_SQ_FLOW_CONTROL, PduFlags, PduType, SglId
 from ..wire.digest import crc32c, digest_bytes
 from ..wire.sqe import Cqe, Sqe, connect_cmd
 from ..wire.status import Status
@@ -153,9 +153,14 @@ class QueuePair:
         self._sender.start()
 
     def connect(self, subnqn: str, hostnqn: str, hostid: bytes, cntlid: int, kato_ms: int,
-                timeout: float) -> int:
-        """Fabrics Connect; returns the controller id."""
-        sqe = connect_cmd(self.qid, self.depth + 1, kato_ms if self.qid == 0 else 0)
+                timeout: float, disable_sq_flow_control: bool = False) -> int:
+        """Fabrics Connect; returns the controller id.
+
+        ``disable_sq_flow_control`` (CATTR bit 2) lets the controller end a successful read with the
+        C2HData SUCCESS flag instead of a separate CapsuleResp (one PDU less per read).
+        """
+        sqe = connect_cmd(self.qid, self.depth + 1, kato_ms if self.qid == 0 else 0,
+                          cattr=CATTR_DISABLE_SQ_FLOW_CONTROL if disable_sq_flow_control else 0)
         data = ConnectData(hostid, cntlid, subnqn, hostnqn).encode()
         fut = self.submit(sqe, data=memoryview(data), what=f"Connect (qid {self.qid})", timeout=timeout)
         try:

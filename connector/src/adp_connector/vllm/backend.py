@@ -1,0 +1,106 @@
+"""The connection to the card, shared by the scheduler and worker sides: connect lazily, survive an absent target.
+
+:class:`StoreLink` owns one :class:`~adp_connector.nvmeof.host.Controller` and the :class:`PageStore` on it. A
+background thread (re)connects every ``retry_interval_s`` while the target is unreachable; meanwhile ``store`` is
+None and the connector acts as "no cache". Once up, the controller reconnects by itself after a drop (I/O raises
+``DeviceUnavailable`` meanwhile, which the callers turn into misses / dropped saves).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+
+from ..nvmeof.host import Controller, HostConfig
+from ..store import PageStore, StoreConfig
+from .config import ADPConfig
+
+log = logging.getLogger(__name__)
+
+
+class StoreLink:
+    """A page store on the configured target, opened in the background."""
+
+    def __init__(self, cfg: ADPConfig, *, writer: bool, identity: str, partition: int | None,
+                 label: str) -> None:
+        self.cfg = cfg
+        self._writer = writer
+        self._writer_id = hashlib.blake2b(identity.encode(), digest_size=16).digest()
+        self._partition = partition
+        self._label = label
+        self._lock = threading.Lock()
+        self._ctrl: Controller | None = None
+        self._store: PageStore | None = None
+        self._stop = threading.Event()
+        self.last_error: str = ""
+        self._thread = threading.Thread(target=self._run, name=f"adpkv-link-{label}", daemon=True)
+        self._thread.start()
+
+    @property
+    def store(self) -> PageStore | None:
+        """The open store, or None while the target is unreachable."""
+        return self._store
+
+    def wait_ready(self, timeout: float) -> PageStore | None:
+        """Wait up to ``timeout`` seconds for the store (tests, start-up)."""
+        deadline = time.monotonic() + timeout
+        while self._store is None and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.02)
+        return self._store
+
+    def _open(self) -> None:
+        c = self.cfg
+        hc = HostConfig(traddr=c.traddr, trsvcid=c.trsvcid, subnqn=c.subnqn, io_queues=c.io_queues,
+                        queue_depth=c.queue_depth, connect_timeout=max(c.connect_timeout_s, 0.1),
+                        command_timeout=max(c.load_timeout_s, 1.0), reconnect_delay=max(c.retry_interval_s, 0.1))
+        ctrl = Controller.connect(hc)
+        try:
+            sc = StoreConfig(writer=self._writer, writer_id=self._writer_id, writer_label=self._label,
+                             preferred_partition=self._partition, verify=c.verify,
+                             refresh_interval_s=c.refresh_interval_s, io_threads=c.io_threads,
+                             max_io_bytes=c.max_io_kib << 10, io_timeout_s=max(c.load_timeout_s, 1.0))
+            store = PageStore(ctrl, sc)
+        except BaseException:
+            ctrl.close()
+            raise
+        with self._lock:
+            if self._stop.is_set():
+                store.close()
+                ctrl.close()
+                return
+            self._ctrl, self._store = ctrl, store
+
+    def _run(self) -> None:
+        warned = False
+        while not self._stop.is_set():
+            try:
+                self._open()
+                log.info("ADP KV: page store open on %s:%s (%s)", self.cfg.traddr, self.cfg.trsvcid, self._label)
+                return
+            except Exception as exc:  # unreachable target, no namespace, bad format...
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                if not warned:
+                    log.warning("ADP KV: target %s:%s unreachable (%s); serving without the cache, retrying every "
+                                "%.1f s", self.cfg.traddr, self.cfg.trsvcid, self.last_error,
+                                self.cfg.retry_interval_s)
+                    warned = True
+            self._stop.wait(max(self.cfg.retry_interval_s, 0.05))
+
+    def close(self) -> None:
+        """Stop connecting; close the store (releasing the writer lease) and the controller."""
+        self._stop.set()
+        with self._lock:
+            store, ctrl = self._store, self._ctrl
+            self._store = self._ctrl = None
+        if store is not None:
+            try:
+                store.close()
+            except Exception as exc:
+                log.warning("ADP KV: closing the page store: %s", exc)
+        if ctrl is not None:
+            try:
+                ctrl.close()
+            except Exception:
+                pass

@@ -1,0 +1,117 @@
+"""``kv_connector_extra_config`` options of the ADP connector, validated once at start-up.
+
+Every option, its type and default lives in :data:`OPTIONS`; docs/connector.md carries the same table. Unknown keys
+and ill-typed values raise :class:`ConfigError` naming the key, so a typo fails the engine start instead of silently
+turning the cache off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """An invalid ``kv_connector_extra_config``."""
+
+
+@dataclass(frozen=True)
+class ADPConfig:
+    """Validated connector options (see :data:`OPTIONS` for the meaning of each field)."""
+
+    traddr: str = "127.0.0.1"
+    trsvcid: int = 4420
+    subnqn: str | None = None
+    io_queues: int = 4
+    queue_depth: int = 64
+    verify: bool = True
+    load: bool = True
+    save: bool = True
+    model_id: str | None = None
+    namespace_extra: str = ""
+    connect_timeout_s: float = 5.0
+    retry_interval_s: float = 5.0
+    load_timeout_s: float = 30.0
+    refresh_interval_s: float = 1.0
+    max_pending_save_mb: int = 512
+    min_hit_blocks: int = 1
+    io_threads: int = 2
+    max_io_kib: int = 0
+    audit_path: str | None = None
+
+
+# name -> (accepted python types, one-line description); defaults come from ADPConfig.
+OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
+    "traddr": ((str,), "NVMe/TCP target address (IP or host name)"),
+    "trsvcid": ((int,), "NVMe/TCP target port"),
+    "subnqn": ((str, type(None)), "subsystem NQN; null asks the discovery controller at traddr:trsvcid"),
+    "io_queues": ((int,), "NVMe I/O queues per connection (1..128)"),
+    "queue_depth": ((int,), "commands per I/O queue (1..1023)"),
+    "verify": ((bool,), "verify the payload checksum of every restored page (a mismatch -> recompute)"),
+    "load": ((bool,), "restore pages (false: write-only cache)"),
+    "save": ((bool,), "write pages (false: read-only cache, e.g. a consumer of a shared card)"),
+    "model_id": ((str, type(None)), "model identity in the page namespace; null: the model path/name. Set it when "
+                 "weights change under the same name"),
+    "namespace_extra": ((str,), "free text mixed into the namespace (e.g. a deployment or weights version)"),
+    "connect_timeout_s": ((int, float), "connect timeout; the engine serves without a cache meanwhile"),
+    "retry_interval_s": ((int, float), "seconds between reconnect attempts while the target is unreachable"),
+    "load_timeout_s": ((int, float), "a restore not done in this time fails (-> recompute)"),
+    "refresh_interval_s": ((int, float), "scheduler: re-read other writers' slot tables this often (0: never)"),
+    "max_pending_save_mb": ((int,), "staged bytes of saves in flight; beyond it new saves are dropped (counted)"),
+    "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
+    "io_threads": ((int,), "concurrent store batches per process"),
+    "max_io_kib": ((int,), "split device commands at this size (0: the controller's MDTS)"),
+    "audit_path": ((str, type(None)), "test/acceptance only: directory where every saved and restored page's "
+                   "digest and the connector counters are recorded"),
+}
+
+_POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks"}
+_NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
+                 "max_pending_save_mb", "max_io_kib"}
+
+
+def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
+    """Validate ``kv_connector_extra_config`` and return an :class:`ADPConfig` (raises :class:`ConfigError`)."""
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"ADPConnector: unknown kv_connector_extra_config key(s) {unknown}; "
+                          f"valid keys: {sorted(OPTIONS)}")
+    values: dict[str, Any] = {}
+    for f in fields(ADPConfig):
+        if f.name not in extra:
+            continue
+        v = extra[f.name]
+        types, _ = OPTIONS[f.name]
+        # bool is an int subclass: refuse True for an int option and 1 for a bool option.
+        ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+        if not ok:
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be {names}, "
+                              f"got {v!r} ({type(v).__name__})")
+        if f.name in _POSITIVE and v <= 0:
+            raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be > 0, got {v!r}")
+        if f.name in _NON_NEGATIVE and v < 0:
+            raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be >= 0, got {v!r}")
+        values[f.name] = float(v) if float in types and not isinstance(v, bool) else v
+    cfg = ADPConfig(**values)
+    if cfg.io_queues > 128 or cfg.queue_depth > 1023:
+        raise ConfigError("ADPConnector: io_queues must be <= 128 and queue_depth <= 1023")
+    if cfg.trsvcid > 65535:
+        raise ConfigError(f"ADPConnector: trsvcid must be a TCP port, got {cfg.trsvcid}")
+    if not cfg.traddr:
+        raise ConfigError("ADPConnector: traddr must not be empty")
+    return cfg
+
+
+def options_table() -> str:
+    """The options as a Markdown table (used to keep docs/connector.md in sync)."""
+    defaults = {f.name: f.default for f in fields(ADPConfig)}
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for name, (types, desc) in OPTIONS.items():
+        tname = " \\| ".join("null" if t is type(None) else t.__name__ for t in types)
+        d = defaults[name]
+        rows.append(f"| `{name}` | {tname} | `{'null' if d is None else str(d).lower() if isinstance(d, bool) else d}`"
+                    f" | {desc} |")
+    return "\n".join(rows)

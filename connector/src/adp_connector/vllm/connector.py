@@ -1,0 +1,641 @@
+"""``ADPConnector``: vLLM v1 KV connector (HMA-capable) keeping KV pages on an ADP card through the page store.
+
+Thin adapter: what to store per cache group comes from :mod:`.layouts`; I/O goes through
+:class:`~adp_connector.store.PageStore`. Contract facts relied on (vLLM 0.32, ``distributed/kv_transfer/
+kv_connector/v1/base.py`` and ``v1/core/sched/scheduler.py``):
+
+* the factory requires the 3-argument constructor and ``SupportsHMA`` keeps the hybrid manager on;
+* loads are asynchronous (``get_num_new_matched_tokens -> (n, True)``); a failed load is reported in both
+  ``failed_recving`` and ``finished_recving`` and, under ``kv_load_failure_policy="recompute"``, the scheduler
+  resets the request, which asks us again: failed requests are remembered and get 0 the second time;
+* ``build_connector_meta`` runs before ``_update_after_schedule``, so ``request.num_computed_tokens`` is the value
+  before this step; ``scheduler_output.kv_connector_block_state`` gives block tables and the Mamba "align"
+  boundary states committed by this step;
+* saves are staged (device -> host copy) synchronously in ``wait_for_save`` of the step that computed the block,
+  so the engine may free and reuse the block right after; the NVMe writes run in the store's threads.
+
+Keys: ``KeyNamespace(...).key_for_block_hash(request.block_hashes[k])`` where ``k`` indexes the hash at the
+block's end boundary; the namespace carries the model id, KV dtype, the group descriptor from :mod:`.layouts`,
+the block size, TP/PP ranks (not for TP-replicated MLA), and vLLM's hash algorithm and NONE_HASH seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+
+from ..store import KeyNamespace, PageKey, PageStatus
+from .backend import StoreLink
+from .config import ADPConfig, parse_config
+from .layouts import GroupKind, GroupLayout, best_hit, describe_groups, drafter_layer_names
+
+try:  # vLLM >= 0.32 labels external hits by tier
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    _DISK = CacheHitSource.DISK
+except Exception:  # pragma: no cover - older vLLM
+    _DISK = None
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
+
+
+@dataclass
+class ADPMetadata(KVConnectorMetadata):
+    """Scheduler -> worker: this step's restores and saves (picklable)."""
+
+    loads: dict[str, list[PageRef]] = field(default_factory=dict)
+    zero: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # drafter (group, block) to zero-fill
+    saves: list[PageRef] = field(default_factory=list)
+
+
+@dataclass
+class _Req:
+    request: Any
+    saved_blocks: dict[int, int] = field(default_factory=dict)  # group -> blocks handled (saved or skipped)
+
+
+@dataclass
+class _LoadJob:
+    req_id: str
+    pages: list[PageRef]
+    zero: list[tuple[int, int]]
+    bufs: list[torch.Tensor]
+    handle: Any
+    t0: float
+    failed: str = ""
+
+
+class ADPConnector(KVConnectorBase_V1, SupportsHMA):
+    """KV connector persisting prefix-cache pages on an ADP card (or the emulator) over NVMe/TCP."""
+
+    if _DISK is not None:
+        _cache_hit_source = _DISK
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        self.cfg: ADPConfig = parse_config(ktc.kv_connector_extra_config)
+        if getattr(ktc, "kv_load_failure_policy", "recompute") != "recompute":
+            log.warning("ADP KV: kv_load_failure_policy=%r turns a bad restore into a failed request; "
+                        "use \"recompute\"", ktc.kv_load_failure_policy)
+        pc = vllm_config.parallel_config
+        self.tp_rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
+        self.tp_size = pc.tensor_parallel_size
+        self.pp_rank = _pp_rank() if role == KVConnectorRole.WORKER else 0
+        self.pp_size = pc.pipeline_parallel_size
+        mc = vllm_config.model_config
+        spec_cfg = getattr(vllm_config, "speculative_config", None)
+        all_layers = [n for g in kv_cache_config.kv_cache_groups for n in g.layer_names]
+        n_target = getattr(mc.hf_text_config, "num_hidden_layers", None)
+        self.layouts: list[GroupLayout] = describe_groups(
+            kv_cache_config, drafter_layer_names(all_layers, n_target, spec_cfg is not None))
+        self.hash_block_size = int(getattr(kv_cache_config, "hash_block_size", None)
+                                   or vllm_config.cache_config.block_size)
+        self._namespaces = self._build_namespaces(vllm_config)
+        self._stats: dict[str, float] = defaultdict(float)
+        self._stats_lock = threading.Lock()
+        ident = f"{self._model_id}|{self.cfg.namespace_extra}|tp{self.tp_rank}/{self.tp_size}|pp{self.pp_rank}"
+        self._is_worker = role == KVConnectorRole.WORKER
+        self.link = StoreLink(self.cfg, writer=self._is_worker and self.cfg.save, identity=ident,
+                              partition=self.tp_rank if self._is_worker else None,
+                              label=f"{'worker' if self._is_worker else 'scheduler'}-tp{self.tp_rank}-{os.getpid()}")
+        # scheduler side
+        self._reqs: dict[str, _Req] = {}
+        self._pending_hit: dict[str, int] = {}
+        self._failed: set[str] = set()
+        self._meta_loads: dict[str, list[PageRef]] = {}
+        self._meta_zero: dict[str, list[tuple[int, int]]] = {}
+        # worker side
+        self._kv: dict[int, list[tuple[str, torch.Tensor, int]]] = {}  # group -> [(layer, tensor, bytes/block)]
+        self._draft_kv: dict[int, list[torch.Tensor]] = {}
+        self._jobs: list[_LoadJob] = []
+        self._pending_save_bytes = 0
+        self._save_handles: set[Any] = set()
+        self._save_lock = threading.Lock()
+        self._audit_lock = threading.Lock()
+        self._disabled = ""
+        log.info("ADP KV connector (%s): %d group(s): %s", role.name, len(self.layouts),
+                 "; ".join(f"g{g.group_id}={g.kind.value}/{g.block_size}/{g.page_bytes}B" for g in self.layouts))
+
+    # ------------------------------------------------------------------ identity
+
+    def _build_namespaces(self, vllm_config: VllmConfig) -> dict[int, KeyNamespace]:
+        mc = vllm_config.model_config
+        self._model_id = self.cfg.model_id or f"{mc.model}@{getattr(mc, 'revision', None) or ''}"
+        cc = vllm_config.cache_config
+        algo = str(getattr(cc, "prefix_caching_hash_algo", "sha256"))
+        try:
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import resolve_none_hash_seed
+
+            seed = resolve_none_hash_seed(get_hash_fn_by_name(algo))
+        except Exception:
+            seed = os.environ.get("PYTHONHASHSEED", "")
+        if algo.startswith("xxhash") and os.environ.get("PYTHONHASHSEED") is None:
+            log.warning("ADP KV: prefix_caching_hash_algo=%s without PYTHONHASHSEED: block hashes change at every "
+                        "restart, so pages written now will never be found again. Set PYTHONHASHSEED or use "
+                        "sha256_cbor.", algo)
+        kv_dtype = str(getattr(cc, "cache_dtype", "auto"))
+        if kv_dtype == "auto":
+            kv_dtype = str(mc.dtype)
+        out = {}
+        for g in self.layouts:
+            rep = g.tp_replicated
+            out[g.group_id] = KeyNamespace(
+                model=self._model_id, dtype=kv_dtype, layout=g.descriptor, block_size=g.block_size,
+                tp_rank=0 if rep else self.tp_rank, tp_size=1 if rep else self.tp_size,
+                pp_rank=self.pp_rank, pp_size=self.pp_size, group_id=0,
+                extra=(("hash_algo", algo), ("none_hash_seed", str(seed)), ("user", self.cfg.namespace_extra),
+                       ("hash_block_size", self.hash_block_size)))
+        return out
+
+    def _key(self, group: GroupLayout, block_hashes: list, block_idx: int) -> PageKey | None:
+        """Key of ``group``'s block ``block_idx`` (None when its end-boundary hash is not known yet)."""
+        k = (block_idx + 1) * group.block_size // self.hash_block_size - 1
+        if k >= len(block_hashes):
+            return None
+        return self._namespaces[group.group_id].key_for_block_hash(bytes(block_hashes[k]))
+
+    def _stat(self, **deltas: float) -> None:
+        with self._stats_lock:
+            for k, v in deltas.items():
+                self._stats[k] += v
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens beyond ``num_computed_tokens`` restorable from the card (loaded asynchronously)."""
+        rid = request.request_id
+        if not self.cfg.load or rid in self._failed or getattr(request, "skip_reading_prefix_cache", False):
+            return 0, False
+        store = self.link.store
+        if store is None:
+            self._stat(store_unavailable=1)
+            return 0, False
+        hashes = request.block_hashes
+        # Leave >= 1 token to compute (and never restore a recurrent state at the very last token).
+        max_tokens = min(request.num_tokens - 1, len(hashes) * self.hash_block_size)
+        present: dict[int, list[bool]] = {}
+        for g in self.layouts:
+            if not g.persists:
+                continue
+            nblk = max_tokens // g.block_size
+            keys = [self._key(g, hashes, j) for j in range(nblk)]
+            present[g.group_id] = store.contains([k for k in keys if k is not None]) if keys else []
+        hit = best_hit(self.layouts, present, max_tokens)
+        self._stat(lookups=1)
+        unit_blocks = self.cfg.min_hit_blocks * max((g.block_size for g in self.layouts), default=1)
+        if hit <= num_computed_tokens or hit < unit_blocks:
+            self._pending_hit.pop(rid, None)
+            return 0, False
+        self._pending_hit[rid] = hit
+        return hit - num_computed_tokens, True
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """Groups a restore fills (others, e.g. drafter groups, are zeroed by the engine)."""
+        return tuple(g.group_id for g in self.layouts if g.persists)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        """Plan the restore of the blocks the scheduler just allocated for an external hit."""
+        rid = request.request_id
+        st = self._reqs.setdefault(rid, _Req(request))
+        st.request = request
+        hit = self._pending_hit.pop(rid, None)
+        if num_external_tokens <= 0 or hit is None:
+            return
+        start = hit - num_external_tokens
+        block_ids = blocks.get_block_ids()
+        pages: list[PageRef] = []
+        zero: list[tuple[int, int]] = []
+        ok = True
+        for g in self.layouts:
+            ids = block_ids[g.group_id] if g.group_id < len(block_ids) else []
+            nblk = hit // g.block_size
+            st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), nblk)
+            if not g.persists:
+                continue
+            first = start // g.block_size
+            for j in g.needed_blocks(nblk):
+                if j < first:
+                    continue
+                bid = ids[j] if j < len(ids) else 0
+                if bid == 0:
+                    # Null block: outside the window (fine for SWA); a prefix block or the recurrent state at the
+                    # boundary must exist, else restoring would leave the layer without its KV.
+                    if g.kind in (GroupKind.FULL, GroupKind.MLA, GroupKind.STATE):
+                        ok = False
+                    continue
+                key = self._key(g, request.block_hashes, j)
+                if key is None:
+                    ok = False
+                    continue
+                pages.append((g.group_id, bid, bytes(key)))
+                if g.drafter_layers:
+                    zero.append((g.group_id, bid))
+        if not ok or not pages:
+            pages = []  # an empty restore reported as failed -> recompute
+        self._meta_loads[rid] = pages
+        self._meta_zero[rid] = zero
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """This step's restores (planned at admission) and saves (blocks this step fills)."""
+        meta = ADPMetadata(loads=self._meta_loads, zero=self._meta_zero)
+        self._meta_loads, self._meta_zero = {}, {}
+        bs_state = getattr(scheduler_output, "kv_connector_block_state", None)
+        store = self.link.store
+        if not self.cfg.save or store is None or bs_state is None:
+            return meta
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens or {}
+        offloads = getattr(bs_state, "boundary_state_offloads", None) or {}
+        cand: list[PageRef] = []
+        for rid, n_sched in scheduler_output.num_scheduled_tokens.items():
+            st = self._reqs.get(rid)
+            if st is None:
+                continue
+            req = st.request
+            hashes = req.block_hashes
+            done = req.num_computed_tokens + n_sched - len(spec_tokens.get(rid, ()))
+            done = min(done, len(hashes) * self.hash_block_size)
+            table = bs_state.get_block_ids(rid)
+            if table is None:
+                continue
+            for g in self.layouts:
+                if not g.persists or g.kind is GroupKind.STATE:
+                    continue
+                ids = table[g.group_id]
+                upto = min(done // g.block_size, len(ids))
+                for j in range(st.saved_blocks.get(g.group_id, 0), upto):
+                    key = self._key(g, hashes, j)
+                    if ids[j] != 0 and key is not None:
+                        cand.append((g.group_id, ids[j], bytes(key)))
+                st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), upto)
+            for gid, bid, boundary in offloads.get(rid, ()):
+                g = self.layouts[gid]
+                if not g.persists or g.kind is not GroupKind.STATE or boundary % g.block_size or bid == 0:
+                    continue
+                key = self._key(g, hashes, boundary // g.block_size - 1)
+                if key is not None:
+                    cand.append((gid, bid, bytes(key)))
+        if cand:
+            known = store.contains([k for _, _, k in cand])
+            meta.saves = [c for c, k in zip(cand, known, strict=True) if not k]
+        return meta
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Remember failed restores so the recomputing request is not offered the same pages again."""
+        failed = getattr(connector_output, "failed_recving", None)
+        if failed:
+            self._failed.update(failed)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Saves are staged when blocks are computed, so blocks are free to go at once."""
+        self._forget(request.request_id)
+        return False, None
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """HMA variant of :meth:`request_finished`."""
+        self._forget(request.request_id)
+        return False, None
+
+    def _forget(self, rid: str) -> None:
+        self._reqs.pop(rid, None)
+        self._pending_hit.pop(rid, None)
+        self._failed.discard(rid)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A cache: a dropped save is only a future miss."""
+        return False
+
+    # ------------------------------------------------------------------ worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Map every group's layers to their per-block byte slices (validated against the layout)."""
+        num_blocks = self._kv_cache_config.num_blocks
+        try:
+            for g in self.layouts:
+                rows: list[tuple[str, torch.Tensor, int]] = []
+                drafts: list[torch.Tensor] = []
+                for la in g.layers:
+                    t = kv_caches.get(la.name)
+                    if t is None:
+                        raise ValueError(f"layer {la.name} of group {g.group_id} was not registered")
+                    if isinstance(t, (list, tuple)):
+                        raise ValueError(f"layer {la.name}: per-state tensor lists (vLLM < 0.32) are not supported")
+                    if t.shape[0] != num_blocks:
+                        raise ValueError(f"layer {la.name}: dim 0 is {t.shape[0]}, expected {num_blocks} blocks "
+                                         "(kernel-block split or K/V-first layout)")
+                    per_block = t[0].numel() * t.element_size()
+                    if la.persisted and per_block < la.page_bytes:
+                        raise ValueError(f"layer {la.name}: {per_block} B per block < layout {la.page_bytes} B")
+                    if la.persisted:
+                        rows.append((la.name, t, la.page_bytes))
+                    else:
+                        drafts.append(t)
+                self._kv[g.group_id] = rows
+                self._draft_kv[g.group_id] = drafts
+        except ValueError as exc:
+            self._disabled = str(exc)
+            log.error("ADP KV: cache disabled: %s", exc)
+
+    def _gather(self, gid: int, block_ids: list[int]) -> torch.Tensor:
+        """Pages of ``block_ids`` in group ``gid`` as one host int8 tensor ``[n, page_bytes]``."""
+        rows = self._kv[gid]
+        page = sum(b for _, _, b in rows)
+        dev = rows[0][1].device
+        ids = torch.tensor(block_ids, dtype=torch.long, device=dev)
+        out = torch.empty((len(block_ids), page), dtype=torch.int8, pin_memory=dev.type == "cuda")
+        off = 0
+        for _, t, nb in rows:
+            src = t.index_select(0, ids).reshape(len(block_ids), -1).view(torch.int8)[:, :nb]
+            out[:, off:off + nb].copy_(src)
+            off += nb
+        return out
+
+    def _scatter(self, gid: int, block_ids: list[int], pages: torch.Tensor) -> None:
+        """Write host pages ``[n, page_bytes]`` into the group's layers at ``block_ids``."""
+        dev = self._kv[gid][0][1].device
+        ids = torch.tensor(block_ids, dtype=torch.long, device=dev)
+        off = 0
+        n = len(block_ids)
+        for _, t, nb in self._kv[gid]:
+            per_block = t[0].numel() * t.element_size()
+            if nb == per_block and t[0].is_contiguous():
+                chunk = pages[:, off:off + nb].contiguous().to(dev).view(t.dtype).reshape(n, *t.shape[1:])
+                t.index_copy_(0, ids, chunk)
+            else:  # a padded page: only the real bytes are stored
+                cur = t.index_select(0, ids).contiguous()
+                flat = cur.reshape(n, -1).view(torch.int8)
+                flat[:, :nb].copy_(pages[:, off:off + nb].to(dev))
+                t.index_copy_(0, ids, cur)
+            off += nb
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Submit this step's restores; they complete in the store's threads (see :meth:`get_transfer_results`)."""
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, ADPMetadata):
+            return
+        store = self.link.store
+        for rid, pages in meta.loads.items():
+            job = _LoadJob(rid, pages, meta.zero.get(rid, []), [], None, time.monotonic())
+            self._jobs.append(job)
+            if self._disabled or store is None or not pages:
+                job.failed = self._disabled or ("target unreachable" if store is None else "nothing restorable")
+                continue
+            sizes = {g.group_id: g.page_bytes for g in self.layouts}
+            job.bufs = [torch.empty(sizes[gid], dtype=torch.int8) for gid, _, _ in pages]
+            try:
+                job.handle = store.load_batch([k for _, _, k in pages], [b.numpy() for b in job.bufs])
+            except Exception as exc:
+                job.failed = f"{type(exc).__name__}: {exc}"
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Block-granular restores complete before the request is scheduled: nothing to wait for."""
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        """Saves are block-granular (see :meth:`wait_for_save`)."""
+        return
+
+    def wait_for_save(self) -> None:
+        """Stage the pages this step filled (device -> host) and hand them to the store's writer threads."""
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        if not isinstance(meta, ADPMetadata) or not meta.saves or self._disabled:
+            return
+        store = self.link.store
+        by_group: dict[int, list[PageRef]] = defaultdict(list)
+        for gid, bid, key in meta.saves:
+            g = self.layouts[gid]
+            if g.tp_replicated and self.tp_rank != 0:
+                continue  # identical on every rank: rank 0 writes it
+            by_group[gid].append((gid, bid, key))
+        if store is None:
+            self._stat(saves_dropped=sum(len(v) for v in by_group.values()), store_unavailable=1)
+            return
+        for gid, refs in by_group.items():
+            nbytes = len(refs) * self.layouts[gid].page_bytes
+            with self._save_lock:
+                if self._pending_save_bytes + nbytes > (self.cfg.max_pending_save_mb << 20):
+                    self._stat(saves_dropped=len(refs))
+                    continue
+                self._pending_save_bytes += nbytes
+            stage = self._gather(gid, [b for _, b, _ in refs])
+            keys = [k for _, _, k in refs]
+            self._audit("save", gid, keys, stage)
+            t0 = time.monotonic()
+            try:
+                h = store.save_batch(keys, [stage[i].numpy() for i in range(len(refs))])
+            except Exception as exc:
+                log.warning("ADP KV: save failed: %s", exc)
+                self._stat(save_errors=len(refs))
+                with self._save_lock:
+                    self._pending_save_bytes -= nbytes
+                continue
+            with self._save_lock:
+                self._save_handles.add(h)
+            h.add_done_callback(lambda hh, stage=stage, nbytes=nbytes, t0=t0: self._save_done(hh, stage, nbytes, t0))
+
+    def _save_done(self, h: Any, stage: torch.Tensor, nbytes: int, t0: float) -> None:
+        try:
+            res = h.wait(0)
+        except Exception:
+            res = []
+        ok = [r for r in res if r.status is PageStatus.OK]
+        bad = [r for r in res if r.status not in (PageStatus.OK, PageStatus.EXISTS)]
+        self._stat(saves=1, pages_saved=len(ok), bytes_saved=sum(r.nbytes for r in ok),
+                   save_s=time.monotonic() - t0, save_errors=len(bad))
+        with self._save_lock:
+            self._pending_save_bytes -= nbytes
+            self._save_handles.discard(h)
+        del stage
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """(finished saves, finished restores) — see :meth:`get_transfer_results` for failures."""
+        r = self.get_transfer_results(finished_req_ids)
+        return r.finished_sending or None, r.finished_recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Complete finished restores: copy verified pages into the KV cache; report failures (-> recompute)."""
+        out = KVConnectorTransferResults()
+        keep: list[_LoadJob] = []
+        now = time.monotonic()
+        for job in self._jobs:
+            if not job.failed and job.handle is not None and not job.handle.done():
+                if now - job.t0 < self.cfg.load_timeout_s:
+                    keep.append(job)
+                    continue
+                job.failed = f"timed out after {self.cfg.load_timeout_s} s"
+            if not job.failed:
+                job.failed = self._apply(job)
+            out.finished_recving.add(job.req_id)
+            if job.failed:
+                out.failed_recving.add(job.req_id)
+                log.warning("ADP KV: restore of %s failed (%s); the request recomputes", job.req_id, job.failed)
+                self._stat(load_fallbacks=1)
+            else:
+                self._stat(loads_ok=1)
+            self._stat(loads=1, load_s=time.monotonic() - job.t0)
+        self._jobs = keep
+        return out
+
+    def _apply(self, job: _LoadJob) -> str:
+        """Check a finished restore and copy it into the KV cache; return an error text ('' on success)."""
+        try:
+            res = job.handle.wait(0)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        vf = sum(r.status is PageStatus.VERIFY_FAILED for r in res)
+        if vf:
+            self._stat(verify_failures=vf)
+        bad = [r for r in res if r.status is not PageStatus.OK]
+        if bad:
+            return f"{len(bad)}/{len(res)} page(s) not restored ({bad[0].status.value}: {bad[0].detail})"
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for i, (gid, _, _) in enumerate(job.pages):
+            by_group[gid].append(i)
+        for gid, idxs in by_group.items():
+            pages = torch.stack([job.bufs[i] for i in idxs])
+            bids = [job.pages[i][1] for i in idxs]
+            self._scatter(gid, bids, pages)
+            if self.cfg.audit_path:
+                self._audit("load", gid, [job.pages[i][2] for i in idxs], self._gather(gid, bids))
+        for gid, bid in job.zero:
+            for t in self._draft_kv.get(gid, ()):
+                t[bid].zero_()
+        self._stat(pages_loaded=len(res), bytes_loaded=sum(r.nbytes for r in res))
+        return ""
+
+    def _audit(self, op: str, gid: int, keys: list[bytes], pages: torch.Tensor) -> None:
+        """Acceptance harness: record the digest of each saved / restored page (``audit_path`` only)."""
+        if not self.cfg.audit_path:
+            return
+        lines = []
+        for i, k in enumerate(keys):
+            digest = hashlib.sha256(pages[i].contiguous().numpy().tobytes()).hexdigest()
+            lines.append(json.dumps({"op": op, "group": gid, "key": k.hex(), "sha256": digest,
+                                     "bytes": int(pages.shape[1])}))
+        with self._audit_lock:
+            os.makedirs(self.cfg.audit_path, exist_ok=True)
+            with open(os.path.join(self.cfg.audit_path, f"pages-{os.getpid()}.jsonl"), "a") as f:
+                f.write("\n".join(lines) + "\n")
+
+    def _write_audit_stats(self) -> None:
+        if not self.cfg.audit_path:
+            return
+        with self._stats_lock:
+            snap = dict(self._totals) if hasattr(self, "_totals") else {}
+        os.makedirs(self.cfg.audit_path, exist_ok=True)
+        role = "worker" if self._is_worker else "scheduler"
+        with open(os.path.join(self.cfg.audit_path, f"stats-{role}-{os.getpid()}.json"), "w") as f:
+            json.dump(snap, f)
+
+    # ------------------------------------------------------------------ stats, lifecycle
+
+    def get_kv_connector_stats(self) -> Any:
+        """This interval's counters (``ADPConnectorStats``); None when nothing happened."""
+        with self._stats_lock:
+            if not any(self._stats.values()):
+                return None
+            data = dict(self._stats)
+            self._stats.clear()
+            tot = getattr(self, "_totals", None)
+            if tot is None:
+                tot = self._totals = defaultdict(float)
+            for k, v in data.items():
+                tot[k] += v
+        self._write_audit_stats()
+        from .stats import ADPConnectorStats
+
+        return ADPConnectorStats(data=data)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
+        from .stats import ADPConnectorStats
+
+        return ADPConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> Any:
+        from .stats import ADPPromMetrics
+
+        return ADPPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """No layout demand: pages are gathered per layer (the CPU backend supports only LBHNC)."""
+        return None
+
+    def reset_cache(self) -> bool | None:
+        """The card is shared and persistent: an engine's prefix-cache reset leaves it alone."""
+        return True
+
+    def shutdown(self) -> None:
+        """Let in-flight saves finish (bounded), then close the store and the connection."""
+        deadline = time.monotonic() + 30.0
+        while True:
+            with self._save_lock:
+                pending = list(self._save_handles)
+            if not pending or time.monotonic() > deadline:
+                break
+            for h in pending:
+                try:
+                    h.wait(max(0.0, deadline - time.monotonic()))
+                except Exception:
+                    pass
+        with self._stats_lock:
+            data = dict(self._stats)
+            self._stats.clear()
+            tot = getattr(self, "_totals", None)
+            if tot is None:
+                tot = self._totals = defaultdict(float)
+            for k, v in data.items():
+                tot[k] += v
+        self._write_audit_stats()
+        self.link.close()
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:
+        return 0
+
+
+def _pp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        return int(get_pp_group().rank_in_group)
+    except Exception:
+        return 0

@@ -1,0 +1,189 @@
+"""Tiny random-weight models for the vLLM connector tests, and a one-shot engine runner.
+
+Models: hand-written configs (the CPU matrix note §8 dims), weights from ``transformers`` ``from_config`` with
+``initializer_range=0.05`` (dummy weights make outputs KV-independent), cached under
+``${ADP_KV_CACHE:-~/.cache/adp-kv}/models/<family>``.
+
+Runner: ``python vllm_models.py SPEC.json OUT.json`` starts ONE engine in this process, runs the prompts (optionally a
+second pass after ``reset_prefix_cache()``), writes outputs and metrics to OUT.json and exits, killing its engine
+children. Tests run it as a subprocess so an "engine restart" is a real process restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_BASE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 32000, "max_position_embeddings": 65536, "tie_word_embeddings": False,
+         "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.05}
+
+# family -> (transformers config class, model class, config overrides)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "dense": ("LlamaConfig", "LlamaForCausalLM", {"num_hidden_layers": 4, "rms_norm_eps": 1e-5,
+                                                  "rope_theta": 10000.0}),
+    "dense16": ("LlamaConfig", "LlamaForCausalLM", {"num_hidden_layers": 16, "rms_norm_eps": 1e-5,
+                                                    "rope_theta": 10000.0}),
+    "swa": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 64, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 64,
+        "sliding_window": 256,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "pad_token_id": 0,
+        "bos_token_id": 2, "eos_token_id": 1}),
+    "mistral_swa": ("MistralConfig", "MistralForCausalLM", {"num_hidden_layers": 4, "head_dim": 64,
+                                                           "sliding_window": 256, "rms_norm_eps": 1e-5}),
+    "mla": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "num_hidden_layers": 4, "num_key_value_heads": 4, "moe_intermediate_size": 128, "q_lora_rank": 128,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 4,
+        "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": True, "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0,
+        "rope_interleave": True, "bos_token_id": 0, "eos_token_id": 1}),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ADP_KV_CACHE", str(Path.home() / ".cache" / "adp-kv"))) / "models"
+
+
+def ensure_model(family: str) -> Path:
+    """Directory of the random-weight checkpoint of ``family`` (generated once, then reused)."""
+    cfg_cls, model_cls, over = FAMILIES[family]
+    out = cache_dir() / family
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    import torch
+    import transformers
+
+    kw = dict(_BASE)
+    kw.update(over)
+    cfg = getattr(transformers, cfg_cls)(**kw)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """``n`` independent random token-id prompts."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 30000) for _ in range(length)] for _ in range(n)]
+
+
+def _metric(metrics: list[Any], name: str) -> float:
+    tot = 0.0
+    for m in metrics:
+        if m.name == name:
+            tot += float(getattr(m, "value", 0) or 0)
+    return tot
+
+
+def _kill_children() -> None:
+    try:
+        import psutil
+
+        for c in psutil.Process().children(recursive=True):
+            try:
+                c.kill()
+            except Exception:
+                pass
+    except Exception:
+        pass
+
+
+def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
+    """Start one engine, run ``spec['prompts']`` (1 or 2 passes), return outputs, metrics and timings."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.monotonic()
+    kw: dict[str, Any] = dict(model=spec["model"], skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
+                              kv_cache_memory_bytes=spec.get("kv_bytes", 256 << 20),
+                              max_model_len=spec.get("max_model_len", 4096), enable_prefix_caching=True,
+                              prefix_caching_hash_algo="sha256_cbor", disable_log_stats=False, seed=0)
+    kw.update(spec.get("llm_kwargs", {}))
+    if spec.get("connector") is not None:
+        kw["kv_transfer_config"] = spec["connector"]
+    llm = LLM(**kw)
+    t_start = time.monotonic() - t0
+    sp = SamplingParams(max_tokens=spec.get("max_tokens", 16), temperature=0, detokenize=False, ignore_eos=True,
+                        logprobs=spec.get("logprobs"))
+    ps = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
+    passes = []
+    for i in range(spec.get("passes", 1)):
+        if i:
+            llm.reset_prefix_cache()
+        if spec.get("before_pass_wait"):
+            time.sleep(spec["before_pass_wait"])
+        t = time.monotonic()
+        outs = llm.generate(ps, sp, use_tqdm=False)
+        dt = time.monotonic() - t
+        time.sleep(spec.get("settle_s", 1.5))  # let async saves land before reading metrics / shutting down
+        m = llm.get_metrics()
+        passes.append({
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "num_cached": [o.num_cached_tokens for o in outs],
+            "seconds": dt,
+            "ext_queries": _metric(m, "vllm:external_prefix_cache_queries"),
+            "ext_hits": _metric(m, "vllm:external_prefix_cache_hits"),
+            "local_hits": _metric(m, "vllm:prefix_cache_hits"),
+            "adp": {x.name: float(getattr(x, "value", 0) or 0) for x in m if x.name.startswith("vllm:adp_kv")},
+        })
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    return {"start_seconds": t_start, "passes": passes}
+
+
+def run_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 400) -> dict[str, Any]:
+    """Run :func:`run_engine` in a fresh interpreter (a real engine restart); kill its whole group on exit."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    n = len(list(workdir.glob("spec-*.json")))
+    sp, op, lp = workdir / f"spec-{n}.json", workdir / f"out-{n}.json", workdir / f"engine-{n}.log"
+    sp.write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+    env.update(spec.get("env", {}))
+    with open(lp, "w") as log:
+        proc = subprocess.Popen([sys.executable, __file__, str(sp), str(op)], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if rc != 0 or not op.exists():
+        tail = "\n".join(lp.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"engine run failed (rc={rc}); log {lp}:\n{tail}")
+    return json.loads(op.read_text())
+
+
+def adp_connector(port: int, **extra: Any) -> dict[str, Any]:
+    """A ``kv_transfer_config`` for ADPConnector on 127.0.0.1:``port`` (short name via the plugin)."""
+    cfg = {"traddr": "127.0.0.1", "trsvcid": port, "connect_timeout_s": 5.0, "retry_interval_s": 1.0}
+    cfg.update(extra)
+    return {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": cfg}
+
+
+if __name__ == "__main__":
+    spec_path, out_path = sys.argv[1], sys.argv[2]
+    try:
+        result = run_engine(json.loads(Path(spec_path).read_text()))
+        Path(out_path).write_text(json.dumps(result))
+    finally:
+        _kill_children()
+    os._exit(0)
