@@ -52,7 +52,7 @@ def test_settings_from_config(tmp_path) -> None:
     s = settings_from_config(cfg)
     assert (s.port, s.subnqn, s.capacity_bytes, s.backing_path) == (
         4555, "nqn.2026-11.io.awide:test", 1 << 24, str(tmp_path / "b.img"))
-    assert s.allow_any_host is True and s.in_capsule_bytes == cfg.adp.inline_data_size
+    assert s.allow_any_host is True and s.in_capsule_bytes == (cfg.adp.inline_data_size or s.mdts_bytes)
     assert settings_from_config(config.default_config(), port=0).backing_path is None
 
 

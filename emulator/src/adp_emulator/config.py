@@ -329,12 +329,14 @@ class AdpSettings:
     queue_depth: int = 128
     keep_alive_ms_default: int = 120_000
     backing: Backing = "ram"
-    inline_data_size: int = 128 * 1024
+    inline_data_size: int | None = None  # None: the MDTS (every single-command write goes in-capsule)
 
     def validate(self, where: str = "adp") -> None:
         """Raise ValueError naming the offending field."""
         for f in fields(self):
             val = getattr(self, f.name)
+            if f.name == "inline_data_size" and val is None:
+                continue
             if f.name != "backing" and (isinstance(val, bool) or not isinstance(val, int)):
                 raise _fail(f"{where}.{f.name}", f"expected an integer, got {val!r}")
         if self.lba_size not in (512, 4096):
@@ -353,7 +355,7 @@ class AdpSettings:
             raise _fail(f"{where}.keep_alive_ms_default", f"must be >= 0, got {self.keep_alive_ms_default}")
         if self.backing not in ("ram", "file"):
             raise _fail(f"{where}.backing", f"must be 'ram' or 'file', got {self.backing!r}")
-        if self.inline_data_size < 0 or self.inline_data_size % 16:
+        if self.inline_data_size is not None and (self.inline_data_size < 0 or self.inline_data_size % 16):
             raise _fail(f"{where}.inline_data_size",
                         f"must be a non-negative multiple of 16, got {self.inline_data_size}")
 

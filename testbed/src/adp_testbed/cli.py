@@ -218,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(dp)
     dp.set_defaults(func=cmd_bench_datapath)
+    from .bench import store as store_bench
+
+    sb = bsub.add_parser("store", help="page-store save/load GB/s vs the raw client on the same target")
+    store_bench.add_arguments(sb)
+    sb.set_defaults(func=store_bench.main)
     import importlib.util
 
     if importlib.util.find_spec("adp_testbed.verify") is not None:  # the vLLM acceptance harness

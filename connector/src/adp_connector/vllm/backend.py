@@ -17,7 +17,7 @@ from ..nvmeof.host import Controller, HostConfig
 from ..store import PageStore, StoreConfig
 from .config import ADPConfig
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.adp_kv.backend")
 
 
 class StoreLink:

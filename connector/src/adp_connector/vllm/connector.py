@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.adp_kv.connector")  # under "vllm": shown by vLLM's log handler
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 
@@ -141,6 +141,9 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._save_lock = threading.Lock()
         self._audit_lock = threading.Lock()
         self._disabled = ""
+        if self.link.wait_ready(self.cfg.connect_timeout_s) is None:
+            log.warning("ADP KV: no page store yet (%s); serving without the cache until it comes up",
+                        self.link.last_error or "connecting")
         log.info("ADP KV connector (%s): %d group(s): %s", role.name, len(self.layouts),
                  "; ".join(f"g{g.group_id}={g.kind.value}/{g.block_size}/{g.page_bytes}B" for g in self.layouts))
 
@@ -210,12 +213,13 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             keys = [self._key(g, hashes, j) for j in range(nblk)]
             present[g.group_id] = store.contains([k for k in keys if k is not None]) if keys else []
         hit = best_hit(self.layouts, present, max_tokens)
-        self._stat(lookups=1)
+        self._stat(lookups=1, lookup_hit_tokens=max(hit - num_computed_tokens, 0))
         unit_blocks = self.cfg.min_hit_blocks * max((g.block_size for g in self.layouts), default=1)
         if hit <= num_computed_tokens or hit < unit_blocks:
             self._pending_hit.pop(rid, None)
             return 0, False
         self._pending_hit[rid] = hit
+        log.debug("ADP KV: %s external hit %d tokens (local %d)", rid, hit, num_computed_tokens)
         return hit - num_computed_tokens, True
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:

@@ -87,12 +87,15 @@ class ConnectionClosed(Exception):
 class _Xfer:
     """A command waiting for solicited (R2T) data."""
 
-    __slots__ = ("bad_digest", "cid", "dest", "handler", "r2t_end", "received", "sqe", "t0", "total")
+    __slots__ = ("bad_digest", "cid", "dest", "handler", "r2t_end", "received", "sqe", "stage", "t0", "total")
 
-    def __init__(self, sqe: Sqe, dest: memoryview, handler: Handler, t0: int) -> None:
+    def __init__(self, sqe: Sqe, dest: memoryview, handler: Handler, t0: int, staged: bool = False) -> None:
         self.sqe = sqe
         self.cid = sqe.cid
         self.dest = dest
+        # With data digests the payload lands in a staging buffer and reaches ``dest`` (the media) only
+        # once every PDU's digest checked out: a corrupted write never changes stored data (as nvmet).
+        self.stage: memoryview | None = memoryview(bytearray(len(dest))) if staged else None
         self.handler = handler
         self.total = len(dest)
         self.received = 0
@@ -412,11 +415,16 @@ class Connection:
             if status or dest is None:
                 dest = self.sview[:icl]
             self._discard(pdo - span)
-            self._recv_exact(dest[:icl])
-            if has_dd:
+            if has_dd:  # stage, check, then apply: a write with a bad digest never reaches the media
+                stage = memoryview(bytearray(icl)) if not status else dest[:icl]
+                self._recv_exact(stage)
                 self._recv_exact(self.hview[256:260])
-                if _U32.unpack_from(self.hbuf, 256)[0] != crc32c(dest[:icl]) and not status:
-                    status = C.SC_TRANSIENT
+                if _U32.unpack_from(self.hbuf, 256)[0] != crc32c(stage):
+                    status = status or C.SC_TRANSIENT
+                elif not status:
+                    dest[:icl] = stage
+            else:
+                self._recv_exact(dest[:icl])
         if status:
             self._complete(sqe, (status, 0, 0, None), t0, io)
             return
@@ -482,12 +490,14 @@ class Connection:
 
     def _start_r2t(self, sqe: Sqe, dest: memoryview, handler: Handler, t0: int) -> None:
         if not self.free_ttags:
-            if len(self.pending) >= 2 * max(self.sqsize, 1):
+            # A host never has more than SQSIZE commands outstanding; the bound also keeps a hostile peer
+            # from pinning memory with transfers it never sends (and keeps TTAGs within 16 bits).
+            if len(self.pending) >= min(max(self.sqsize, 1), self.settings.queue_depth, 0xFFFF):
                 self._complete(sqe, (C.SC_INTERNAL, 0, 0, None), t0, self.qid > 0)
                 return
             self.free_ttags.append(len(self.pending))
         ttag = self.free_ttags.pop()
-        x = _Xfer(sqe, dest, handler, t0)
+        x = _Xfer(sqe, dest, handler, t0, staged=self.dd)
         self.pending[ttag] = x
         self._send_r2t(ttag, x)
 
@@ -515,7 +525,7 @@ class Connection:
             raise PduError(FatalErrorStatus.DATA_TRANSFER_OUT_OF_RANGE, f"data end {end} > R2T end {x.r2t_end}",
                            16, bytes(self.hbuf[:24]))
         self._discard(pdo - span)
-        dst = x.dest[datao:end]
+        dst = (x.stage if x.stage is not None else x.dest)[datao:end]
         self._recv_exact(dst)
         if has_dd:
             self._recv_exact(self.hview[256:260])
@@ -534,6 +544,8 @@ class Connection:
         if x.bad_digest:
             self._complete(sqe, (C.SC_TRANSIENT, 0, 0, None), x.t0, io)
             return
+        if x.stage is not None:
+            x.dest[:] = x.stage
         try:
             res = x.handler(sqe, x.dest)
         except Exception:

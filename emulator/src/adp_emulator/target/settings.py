@@ -65,7 +65,9 @@ class TargetSettings:
     backing_path: str | None = None  # None = RAM
     allowed_hosts: list[str] = field(default_factory=list)
     allow_any_host: bool | None = None  # None = allow any host only when listening on loopback
-    in_capsule_bytes: int = 128 * 1024  # writes up to this size skip the R2T round trip (nvmet: 16 KiB)
+    # Writes up to this size travel in the command capsule and skip the R2T round trip (nvmet: 16 KiB).
+    # None = the MDTS, so every single-command write does.
+    in_capsule_bytes: int | None = None
     maxh2cdata: int = 128 * 1024
     require_data_digest: bool = False
     serial: str = ""  # "" = derived from subnqn
@@ -74,6 +76,8 @@ class TargetSettings:
     keep_alive_default_ms: int = 120_000  # KATO applied when Connect carries 0 (0 = none)
 
     def __post_init__(self) -> None:
+        if self.in_capsule_bytes is None and isinstance(self.mdts_bytes, int):
+            self.in_capsule_bytes = self.mdts_bytes
         self.validate()
 
     def validate(self) -> None:
