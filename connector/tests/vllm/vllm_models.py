@@ -4,9 +4,10 @@ Models: hand-written configs (the CPU matrix note §8 dims), weights from ``tran
 ``initializer_range=0.05`` (dummy weights make outputs KV-independent), cached under
 ``${ADP_KV_CACHE:-~/.cache/adp-kv}/models/<family>``.
 
-Runner: ``python vllm_models.py SPEC.json OUT.json`` starts ONE engine in this process, runs the prompts (optionally a
-second pass after ``reset_prefix_cache()``), writes outputs and metrics to OUT.json and exits, killing its engine
-children. Tests run it as a subprocess so an "engine restart" is a real process restart.
+Runner: ``python vllm_models.py SPEC.json OUT.json`` starts ONE engine in this process, runs the prompts (a second
+pass follows ``reset_prefix_cache()``, or with ``reset_between`` false is a local prefix-cache hit pass: the
+reference a restored run must reproduce token for token), writes outputs and metrics to OUT.json and exits,
+killing its engine children. Tests run it as a subprocess so an "engine restart" is a real process restart.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     ps = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
     passes = []
     for i in range(spec.get("passes", 1)):
-        if i:
+        if i and spec.get("reset_between", True):
             llm.reset_prefix_cache()
         if spec.get("before_pass_wait"):
             time.sleep(spec["before_pass_wait"])
