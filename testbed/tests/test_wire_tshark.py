@@ -206,7 +206,8 @@ def check_capture(tools: dict[str, str], pcap: Path, port: int, digests: bool) -
 def test_userspace_target_capture(tools: dict[str, str], tmp_path: Path, digests: bool) -> None:
     from adp_emulator.target import TargetSettings, UserspaceTarget
 
-    with UserspaceTarget(TargetSettings(port=0, subnqn=NQN, capacity_bytes=64 * MiB)) as t:
+    # In-capsule writes only up to 8 KiB (nvmet: 16 KiB) so the capture also carries R2T and H2CData.
+    with UserspaceTarget(TargetSettings(port=0, subnqn=NQN, capacity_bytes=64 * MiB, in_capsule_bytes=8192)) as t:
         port = t.address[1]
         pcap = tmp_path / "user.pcapng"
         with capture(tools, port, pcap):

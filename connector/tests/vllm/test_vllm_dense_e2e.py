@@ -58,7 +58,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out: dict = {"prompts": prompts}
 
     def spec(port: int, tag: str, passes: int = 1, **extra: object) -> dict:
+        # max_num_seqs=1: one request per step, so a recompute has the same compute shapes as the cold prefill
         return {"model": model, "prompts": prompts, "max_tokens": 16, "passes": passes, "reset_between": False,
+                "llm_kwargs": {"max_num_seqs": 1},
                 "connector": vm.adp_connector(port, audit_path=str(work / f"audit-{tag}"), **extra)}
 
     tgt = _start(backing)

@@ -47,16 +47,60 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
         "norm_topk_prob": True, "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0,
         "rope_interleave": True, "bos_token_id": 0, "eos_token_id": 1}),
+    # GDN hybrid: 3 linear-attention (GDN) + 1 full-attention layer; dense MLPs (mlp_only_layers) keep HF's
+    # checkpoint format simple.
+    "gdn": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        "num_hidden_layers": 4, "head_dim": 64, "rms_norm_eps": 1e-6,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "num_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
+        "decoder_sparse_step": 1, "mlp_only_layers": [0, 1, 2, 3], "norm_topk_prob": True,
+        "num_nextn_predict_layers": 0, "hidden_act": "silu"}),
+    # Mamba2 hybrid "M*M-": mamba, attention, mamba, mlp (needs cpu_workarounds/ on the engine's PYTHONPATH)
+    "mamba": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "hybrid_override_pattern": "M*M-", "num_hidden_layers": 4, "head_dim": 64, "layer_norm_epsilon": 1e-5,
+        "mlp_hidden_act": "relu2", "mamba_num_heads": 8, "mamba_head_dim": 64, "n_groups": 2, "ssm_state_size": 64,
+        "conv_kernel": 4, "expand": 2, "chunk_size": 128, "use_conv_bias": True, "mamba_hidden_act": "silu",
+        "mamba_proj_bias": False, "use_bias": False, "mlp_bias": False, "attention_bias": False,
+        "residual_in_fp32": False, "rescale_prenorm_residual": True, "pad_token_id": 0,
+        "num_nextn_predict_layers": 0}),
 }
+
+CPU_WORKAROUNDS = str(Path(__file__).parent / "cpu_workarounds")
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("ADP_KV_CACHE", str(Path.home() / ".cache" / "adp-kv"))) / "models"
 
 
+def _add_mtp_head(out: Path, hidden: int) -> None:
+    """Turn a 5-layer DeepSeek-V3 checkpoint into 4 layers + one MTP head (vLLM ``deepseek_mtp`` weight names)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    (shard,) = sorted(out.glob("*.safetensors"))
+    w = load_file(str(shard))
+    g = torch.Generator().manual_seed(1)
+    p = "model.layers.4."
+    for n in ("enorm", "hnorm", "shared_head.norm"):
+        w[p + n + ".weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+    w[p + "eh_proj.weight"] = (torch.randn(hidden, 2 * hidden, generator=g) * 0.05).to(torch.bfloat16)
+    w[p + "shared_head.head.weight"] = w["lm_head.weight"].clone()
+    save_file(w, str(shard), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(num_hidden_layers=4, num_nextn_predict_layers=1)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+
+
 def ensure_model(family: str) -> Path:
     """Directory of the random-weight checkpoint of ``family`` (generated once, then reused)."""
-    cfg_cls, model_cls, over = FAMILIES[family]
+    if family == "mtp":  # DeepSeek-V3 + one MTP layer: generated as 5 layers, layer 4 becomes the MTP head
+        cfg_cls, model_cls, over = FAMILIES["mla"]
+        over = dict(over, num_hidden_layers=5, first_k_dense_replace=5)
+    else:
+        cfg_cls, model_cls, over = FAMILIES[family]
     out = cache_dir() / family
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
@@ -70,6 +114,8 @@ def ensure_model(family: str) -> Path:
     model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
+    if family == "mtp":
+        _add_mtp_head(tmp, cfg.hidden_size)
     tmp.rename(out)
     return out
 
@@ -123,8 +169,10 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     for i in range(spec.get("passes", 1)):
         if i and spec.get("reset_between", True):
             llm.reset_prefix_cache()
-        if spec.get("before_pass_wait"):
-            time.sleep(spec["before_pass_wait"])
+        if i and spec.get("pause_before_pass2"):
+            time.sleep(spec["pause_before_pass2"])
+        if spec.get("marker"):  # tells a watching test that pass i is about to start
+            Path(spec["marker"]).write_text(str(i))
         t = time.monotonic()
         outs = llm.generate(ps, sp, use_tqdm=False)
         dt = time.monotonic() - t

@@ -223,6 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
     sb = bsub.add_parser("store", help="page-store save/load GB/s vs the raw client on the same target")
     store_bench.add_arguments(sb)
     sb.set_defaults(func=store_bench.main)
+    from .bench import agents as agents_bench
+    from .bench import restart as restart_bench
+    from .bench import sweep as sweep_bench
+
+    for name, mod, text in (
+            ("restart", restart_bench, "vllm serve: prompts cold, engine restart, warm; TTFT baseline vs connector"),
+            ("agents", agents_bench, "vllm serve: concurrent agents with growing histories; tokens/s per agent"),
+            ("sweep", sweep_bench, "vllm serve: 1..N concurrent users; p50/p95 TTFT, throughput, failures")):
+        sp = bsub.add_parser(name, help=text)
+        mod.add_arguments(sp)
+        sp.set_defaults(func=mod.main)
     import importlib.util
 
     if importlib.util.find_spec("adp_testbed.verify") is not None:  # the vLLM acceptance harness

@@ -30,11 +30,17 @@ from typing import Any
 
 FAMILIES = ("dense", "swa", "mamba", "gdn", "mla", "dsa", "mtp")
 
-# family -> (model family in vllm_models, extra LLM kwargs, compare first token only, hit unit tokens)
-_PLAN: dict[str, tuple[str, dict[str, Any], bool, int]] = {
-    "dense": ("dense", {}, False, 128),
-    "swa": ("swa", {}, False, 128),
-    "mla": ("mla", {}, True, 128),
+# family -> (model family in vllm_models, extra LLM kwargs, compare first token only, hit unit tokens,
+#            apply the CPU Mamba2 workaround (test harness only, connector/tests/vllm/cpu_workarounds))
+_PLAN: dict[str, tuple[str, dict[str, Any], bool, int, bool]] = {
+    "dense": ("dense", {}, False, 128, False),
+    "swa": ("swa", {}, False, 128, False),
+    "mla": ("mla", {}, True, 128, False),
+    # vLLM raises the attention block to 256 so the attention page holds the GDN state; hits need chunked
+    # prefill (CPU matrix §2 #8), one GDN state per 256-token chunk
+    "gdn": ("gdn", {"max_num_batched_tokens": 256}, False, 256, False),
+    # Nemotron-H: block 384 (CPU matrix §1)
+    "mamba": ("mamba", {}, False, 384, True),
 }
 
 _CANNOT = {
@@ -43,13 +49,9 @@ _CANNOT = {
            "Its indexer layout is covered by connector/tests/vllm/test_vllm_layouts.py; run it on a GPU machine.",
 }
 
-_NOT_YET = {
-    "mamba": "Nemotron-H (Mamba2) needs the CPU prefix-caching workaround (CPU matrix note §7) inside the engine's "
-             "worker process; the harness does not inject it yet.",
-    "gdn": "Qwen3-Next (GDN) is not wired into the harness yet (needs max_num_batched_tokens=256 and a "
-           "transformers Qwen3-Next checkpoint).",
-    "mtp": "DeepSeek-V3 + MTP is not wired into the harness yet (needs MTP head weights in the random checkpoint).",
-}
+_NOT_YET: dict[str, str] = {}
+
+_MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +128,53 @@ def _audit(work: Path, tag: str) -> list[dict[str, Any]]:
             for line in f.read_text().splitlines() if line]
 
 
+def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path) -> dict[str, Any]:
+    """MTP both ways: pages written with MTP on are read with MTP off, and the reverse (first token compared).
+
+    E1 (MTP on) writes prompt A; E2 (MTP off) restores A and writes B (its 2nd pass, a local hit, is B's
+    reference); E3 (MTP on) restores B. Drafter KV is never persisted, so the pages are the same either way.
+    """
+    model = str(vm.ensure_model("mtp"))
+    a, b = vm.prompts(2, args.prompt_len)
+
+    def conn(tag: str) -> dict[str, Any]:
+        extra: dict[str, Any] = {"audit_path": str(work / f"audit-{tag}")}
+        if tgt.subnqn:
+            extra["subnqn"] = tgt.subnqn
+        c = vm.adp_connector(tgt.port, **extra)
+        c["kv_connector_extra_config"]["traddr"] = args.traddr
+        return c
+
+    base = {"model": model, "max_tokens": args.max_tokens, "reset_between": False}
+    r1 = vm.run_subprocess(dict(base, prompts=[a], passes=2, llm_kwargs=_MTP, connector=conn("e1")), work / "engines")
+    tgt.restart()
+    r2 = vm.run_subprocess(dict(base, prompts=[a, b], passes=2, llm_kwargs={}, connector=conn("e2")),
+                           work / "engines")
+    tgt.restart()
+    r3 = vm.run_subprocess(dict(base, prompts=[b], passes=1, llm_kwargs=_MTP, connector=conn("e3")), work / "engines")
+    unit = 128
+    hit = (len(a) - 1) // unit * unit
+    e1, e2, e2b, e3 = r1["passes"][0], r2["passes"][0], r2["passes"][1], r3["passes"][0]
+    saved1 = {r["key"]: r["sha256"] for r in _audit(work, "e1") if r["op"] == "save"}
+    saved2 = {r["key"]: r["sha256"] for r in _audit(work, "e2") if r["op"] == "save"}
+    loads2 = [r for r in _audit(work, "e2") if r["op"] == "load"]
+    loads3 = [r for r in _audit(work, "e3") if r["op"] == "load"]
+    mism = sum(saved1.get(r["key"]) != r["sha256"] for r in loads2) + sum(
+        saved2.get(r["key"]) != r["sha256"] for r in loads3)
+    on_to_off = e2["tokens"][0][:1] == r1["passes"][1]["tokens"][0][:1]
+    off_to_on = e3["tokens"][0][:1] == e2b["tokens"][1][:1]
+    v = {"family": "mtp", "runnable": True, "model": model, "prompts": 2, "prompt_tokens": len(a) + len(b),
+         "compare": "first_token", "outputs_identical": on_to_off and off_to_on,
+         "mtp_on_written_read_with_mtp_off": on_to_off, "mtp_off_written_read_with_mtp_on": off_to_on,
+         "cold_queries": e1["ext_queries"], "cold_hits": e1["ext_hits"],
+         "warm_hits": [e2["ext_hits"], e3["ext_hits"]], "expected_warm_hits": [hit, hit],
+         "pages_saved": len(saved1) + len(saved2), "pages_compared": len(loads2) + len(loads3),
+         "pages_mismatched": mism, "engine_start_s": [round(r["start_seconds"], 1) for r in (r1, r2, r3)]}
+    v["ok"] = bool(v["outputs_identical"] and e1["ext_hits"] == 0 and e1["ext_queries"] == len(a)
+                   and v["warm_hits"] == v["expected_warm_hits"] and loads2 and loads3 and mism == 0)
+    return v
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the verification; return the verdict dict."""
     fam = args.family
@@ -134,7 +183,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if fam in _NOT_YET:
         return {"family": fam, "ok": False, "runnable": False, "reason": _NOT_YET[fam]}
     vm = _models()
-    model_family, llm_kwargs, first_token_only, unit = _PLAN[fam]
+    if fam == "mtp":
+        work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="adp-verify-mtp-"))
+        work.mkdir(parents=True, exist_ok=True)
+        tgt = _Target(args, work)
+        tgt.start()
+        try:
+            return _run_mtp(args, vm, tgt, work)
+        finally:
+            tgt.stop()
+    model_family, llm_kwargs, first_token_only, unit, workaround = _PLAN[fam]
+    env: dict[str, str] = {}
+    if workaround:
+        import os
+
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (vm.CPU_WORKAROUNDS, os.environ.get("PYTHONPATH")) if p)
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=f"adp-verify-{fam}-"))
     work.mkdir(parents=True, exist_ok=True)
     model = str(vm.ensure_model(model_family))
@@ -152,7 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             conn["kv_connector_extra_config"]["traddr"] = args.traddr
             # cold: pass 2 is a LOCAL prefix-cache hit, the token-exact reference for a restored run
             spec = {"model": model, "prompts": prompts, "max_tokens": args.max_tokens, "connector": conn,
-                    "llm_kwargs": llm_kwargs, "passes": 2 if tag == "cold" else 1, "reset_between": False}
+                    "llm_kwargs": llm_kwargs, "passes": 2 if tag == "cold" else 1, "reset_between": False, "env": env}
             res[tag] = vm.run_subprocess(spec, work / "engines")
             if tag == "cold":
                 tgt.restart()
@@ -177,6 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "pages_saved": len(saved), "pages_compared": len(loads), "pages_mismatched": mismatched,
         "verify_failures": warm["adp"].get("vllm:adp_kv_verify_failures", 0),
         "load_fallbacks": warm["adp"].get("vllm:adp_kv_load_fallbacks", 0),
+        "cpu_workaround": "mamba2-prefill-checkpoint (test harness only)" if workaround else None,
         "engine_start_s": [round(res[t]["start_seconds"], 1) for t in ("cold", "warm")],
         "cold_generate_s": round(cold["seconds"], 3), "warm_generate_s": round(warm["seconds"], 3),
         "total_s": round(time.monotonic() - t0, 1), "workdir": str(work),

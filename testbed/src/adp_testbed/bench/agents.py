@@ -1,0 +1,108 @@
+"""``testbed bench agents``: 1, 4, 8, 16 (``--agents``) concurrent agents, each with its own growing history.
+
+Every agent starts from its own seeded history and runs ``turns`` turns: it sends its whole history, gets
+``max_tokens`` greedy tokens, and appends them plus ``turn_tokens`` new tokens (a tool result / user turn), so each
+request reuses the previous one's prefix. The device KV memory is limited so that the agents' histories do not all
+fit and evict each other; the connector arm can restore an evicted history from the target. Per agent count:
+tokens/s per agent (output tokens over the agent's request time, prefill included) and the share of requests slower
+than the speed floor. One engine per arm serves all counts; each count uses fresh histories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from typing import Any
+
+from . import common as C
+from .traffic import Client, Progress, Result, summary, tokens
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    C.add_common_arguments(p)
+    p.add_argument("--agents", type=C.int_list, dest="agent_counts", help="comma-separated agent counts (1,4,8,16)")
+    p.add_argument("--history-len", type=int, help="tokens of each agent's initial history")
+    p.add_argument("--turn-tokens", type=int, help="new tokens appended per turn (besides the output)")
+    p.add_argument("--turns", type=int, help="requests per agent")
+    p.add_argument("--max-tokens", type=int, help="tokens generated per request")
+    p.add_argument("--speed-floor", type=float, dest="speed_floor_tps", help="tokens/s a request should reach")
+
+
+def _agent(client: Client, history: list[int], key: str, prm: dict[str, Any], t0: float, bar: Progress) -> list[Result]:
+    out = []
+    for turn in range(prm["turns"]):
+        r = client.complete(history, prm["max_tokens"], t0)
+        out.append(r)
+        bar.update()
+        history = history + r.token_ids + tokens(f"{key}-turn-{turn}", prm["turn_tokens"])
+    return out
+
+
+def _point(client: Client, run: C.Run, arm: str, n: int, srv: Any) -> dict[str, Any]:
+    prm = run.params
+    hist = []
+    for a in range(n):
+        h = tokens(f"agent-{run.args.seed}-{n}-{a}", prm["history_len"])
+        h[0] = 3 + (n * 64 + a) % 29000  # no shared first block between agents or between counts
+        hist.append(h)
+    bar = Progress(n * prm["turns"], f"{arm} {n} agent(s)")
+    m0 = srv.metrics()
+    t0 = time.perf_counter()
+    per: list[list[Result]] = [[] for _ in range(n)]
+
+    def go(i: int) -> None:
+        per[i] = _agent(client, hist[i], f"agent-{run.args.seed}-{n}-{i}", prm, t0, bar)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    time.sleep(1.0)
+    cnt = C.counter_phase(m0, srv.metrics())
+    floor = prm["speed_floor_tps"]
+    agent_tps = []
+    for rs in per:
+        busy = sum(r.latency_s or 0 for r in rs if r.ok)
+        agent_tps.append(sum(r.output_tokens for r in rs if r.ok) / busy if busy else 0.0)
+    reqs = [r for rs in per for r in rs]
+    return {
+        "agents": n, "requests": len(reqs), "failed": sum(not r.ok for r in reqs), "wall_s": round(wall, 2),
+        "agent_tps": [round(x, 2) for x in agent_tps], "agent_tps_mean": round(sum(agent_tps) / n, 2),
+        "agent_tps_min": round(min(agent_tps), 2), "agent_tps_max": round(max(agent_tps), 2),
+        "below_floor_share": round(sum(r.tokens_per_s < floor for r in reqs) / len(reqs), 4),
+        "ttft_s": summary([r.ttft_s for r in reqs if r.ttft_s is not None]),
+        "prompt_tokens_max": max(r.prompt_tokens for r in reqs),
+        "counters": cnt,
+        "requests_detail": [dict(r.to_json(), agent=i, turn=j) for i, rs in enumerate(per) for j, r in enumerate(rs)],
+    }
+
+
+def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
+    prm = run.params
+    longest = prm["history_len"] + prm["turns"] * (prm["turn_tokens"] + prm["max_tokens"])
+    if longest >= run.engine["max_model_len"]:
+        raise ValueError(f"histories grow to {longest} tokens, over max_model_len {run.engine['max_model_len']}")
+    with run.server(arm, kv, "engine") as srv:
+        client = Client(srv.base_url, srv.spec.served_name, run.settings["request_timeout_s"])
+        points = [_point(client, run, arm, n, srv) for n in prm["agent_counts"]]
+        start_s = srv.start_seconds
+    return {"engine_start_s": round(start_s, 1), "points": points}
+
+
+def main(args: argparse.Namespace) -> int:
+    run = C.Run("agents", args, {k: getattr(args, k) for k in ("agent_counts", "history_len", "turn_tokens", "turns",
+                                                                "max_tokens", "speed_floor_tps")})
+    result = run.finish(run.run_arms(lambda arm, kv: _arm(run, arm, kv)))
+    for arm, a in result["arms"].items():
+        if not a.get("available"):
+            print(f"{arm:8} unavailable: {a['reason'][:200]}")
+            continue
+        for pt in a["points"]:
+            print(f"{arm:8} {pt['agents']:3} agents  {pt['agent_tps_mean']:7.1f} tok/s per agent "
+                  f"(min {pt['agent_tps_min']:.1f})  below floor {pt['below_floor_share']:.0%}  "
+                  f"TTFT p95 {pt['ttft_s']['p95']}  ext hits {pt['counters']['external_prefix_cache_hits']:.0f}  "
+                  f"failed {pt['failed']}")
+    return 0 if all(a.get("available") for k, a in result["arms"].items() if k in run.arms) else 1

