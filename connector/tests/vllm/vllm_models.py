@@ -162,6 +162,10 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         kw["kv_transfer_config"] = spec["connector"]
     llm = LLM(**kw)
     t_start = time.monotonic() - t0
+    try:
+        block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
+    except Exception:
+        block_size = 0
     sp = SamplingParams(max_tokens=spec.get("max_tokens", 16), temperature=0, detokenize=False, ignore_eos=True,
                         logprobs=spec.get("logprobs"))
     ps = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
@@ -191,7 +195,7 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         llm.llm_engine.engine_core.shutdown()
     except Exception:
         pass
-    return {"start_seconds": t_start, "passes": passes}
+    return {"start_seconds": t_start, "block_size": block_size, "passes": passes}
 
 
 def run_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 400) -> dict[str, Any]:

@@ -61,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target: the userspace emulator (file-backed, restarted with the engine) or Linux nvmet")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                         help="print only the JSON verdict (or write it to PATH)")
+    parser.add_argument("--variant", choices=("gemma3", "mistral"), default="gemma3",
+                        help="swa only: Gemma3 (3 SWA + 1 full layer, 4 HMA groups) or Mistral (all layers SWA)")
     parser.add_argument("--prompts", type=int, default=2, help="independent prompts")
     parser.add_argument("--prompt-len", type=int, default=1200, help="tokens per prompt")
     parser.add_argument("--max-tokens", type=int, default=16, help="greedy tokens generated per prompt")
@@ -152,7 +154,7 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
                            work / "engines")
     tgt.restart()
     r3 = vm.run_subprocess(dict(base, prompts=[b], passes=1, llm_kwargs=_MTP, connector=conn("e3")), work / "engines")
-    unit = 128
+    unit = r2.get("block_size") or 128
     hit = (len(a) - 1) // unit * unit
     e1, e2, e2b, e3 = r1["passes"][0], r2["passes"][0], r2["passes"][1], r3["passes"][0]
     saved1 = {r["key"]: r["sha256"] for r in _audit(work, "e1") if r["op"] == "save"}
@@ -193,6 +195,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             tgt.stop()
     model_family, llm_kwargs, first_token_only, unit, workaround = _PLAN[fam]
+    if fam == "swa" and getattr(args, "variant", "gemma3") == "mistral":
+        model_family = "mistral_swa"
     env: dict[str, str] = {}
     if workaround:
         import os
@@ -229,6 +233,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     saved = {r["key"]: r["sha256"] for r in _audit(work, "cold") if r["op"] == "save"}
     loads = [r for r in _audit(work, "warm") if r["op"] == "load"]
     mismatched = sum(saved.get(r["key"]) != r["sha256"] for r in loads)
+    # the engine's block size (vLLM may raise it for hybrids, MLA backends pick their own), else the plan's
+    unit = res["warm"].get("block_size") or unit
     expected_hits = sum((len(p) - 1) // unit * unit for p in prompts)
     verdict = {
         "family": fam, "backend": args.backend if args.trsvcid is None else "external", "runnable": True,
@@ -237,6 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "outputs_identical_to_full_prefill": all(same_full_prefill),
         "cold_queries": cold["ext_queries"], "cold_hits": cold["ext_hits"],
         "warm_queries": warm["ext_queries"], "warm_hits": warm["ext_hits"], "expected_warm_hits": expected_hits,
+        "block_size": unit,
         "pages_saved": len(saved), "pages_compared": len(loads), "pages_mismatched": mismatched,
         "verify_failures": warm["adp"].get("vllm:adp_kv_verify_failures", 0),
         "load_fallbacks": warm["adp"].get("vllm:adp_kv_load_fallbacks", 0),

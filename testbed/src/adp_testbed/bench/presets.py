@@ -21,7 +21,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "restart": {"prompts": 4, "prompt_len": 4000, "max_tokens": 16},
         # dense tiny model: 2 KiB of KV per token, so 16 MiB holds 8192 tokens: 2 agents fit, 4 evict each other
         "agents": {"agent_counts": [1, 2, 4], "history_len": 3000, "turn_tokens": 256, "max_tokens": 32, "turns": 3,
-                   "speed_floor_tps": 20.0, "engine": {"kv_cache_bytes": 16 * MiB}},
+                   "speed_floor_tps": 20.0, "engine": {"kv_cache_bytes": 16 * MiB, "max_model_len": 6144}},
         # 8 shared 1500-token contexts (12k tokens) against 8192 tokens of KV memory
         "sweep": {"users": [1, 4, 16], "requests_per_user": 2, "contexts": 8, "context_len": 1500, "suffix_len": 64,
                   "max_tokens": 16, "warmup": True, "engine": {"kv_cache_bytes": 16 * MiB, "max_model_len": 4096}},

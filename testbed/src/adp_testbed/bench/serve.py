@@ -184,10 +184,11 @@ class VllmServer:
                                          start_new_session=True)
         deadline = t0 + self.start_timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_tail()
+            rc = self.proc.poll()
+            if rc is not None:
                 self.stop()
-                raise ServeError(f"vllm serve exited with status {self.proc.returncode} during start-up:\n{tail}")
+                raise ServeError(f"vllm serve exited with status {rc} during start-up: {self.root_cause()}\n"
+                                 f"log {self.log_path}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -204,6 +205,15 @@ class VllmServer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+    def root_cause(self) -> str:
+        """The last ``SomethingError: ...`` line of the log (the engine's start-up failure), else ``unknown``."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "unknown"
+        found = re.findall(r"((?:\w+Error|\w*Exception): .*)", text)
+        return found[-1].strip() if found else "unknown"
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:

