@@ -47,16 +47,16 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
         "norm_topk_prob": True, "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0,
         "rope_interleave": True, "bos_token_id": 0, "eos_token_id": 1}),
-    # GDN hybrid: 3 linear-attention (GDN) + 1 full-attention layer; dense MLPs (mlp_only_layers) keep HF's
-    # checkpoint format simple.
+    # GDN hybrid: 3 linear-attention (GDN) + 1 full-attention layer. vLLM needs >= 1 MoE layer (layer 3); HF's
+    # fused expert tensors are split per expert for vLLM's loader (_unfuse_experts).
     "gdn": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
         "num_hidden_layers": 4, "head_dim": 64, "rms_norm_eps": 1e-6,
         "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
         "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 64,
         "linear_value_head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "num_experts": 4,
-        "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
-        "decoder_sparse_step": 1, "mlp_only_layers": [0, 1, 2, 3], "norm_topk_prob": True,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128,
+        "decoder_sparse_step": 1, "mlp_only_layers": [0, 1, 2], "norm_topk_prob": True,
         "num_nextn_predict_layers": 0, "hidden_act": "silu"}),
     # Mamba2 hybrid "M*M-": mamba, attention, mamba, mlp (needs cpu_workarounds/ on the engine's PYTHONPATH)
     "mamba": ("NemotronHConfig", "NemotronHForCausalLM", {
@@ -94,6 +94,24 @@ def _add_mtp_head(out: Path, hidden: int) -> None:
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
+def _unfuse_experts(out: Path) -> None:
+    """Split transformers-5 fused MoE tensors (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``
+    [E, H, I]) into the per-expert ``experts.{e}.{gate,up,down}_proj.weight`` names vLLM's loaders read."""
+    from safetensors.torch import load_file, save_file
+
+    (shard,) = sorted(out.glob("*.safetensors"))
+    w = load_file(str(shard))
+    for name in [n for n in w if n.endswith("experts.gate_up_proj")]:
+        base = name[: -len("gate_up_proj")]
+        gu, down = w.pop(name), w.pop(base + "down_proj")
+        inter = gu.shape[1] // 2
+        for e in range(gu.shape[0]):
+            w[f"{base}{e}.gate_proj.weight"] = gu[e, :inter].contiguous()
+            w[f"{base}{e}.up_proj.weight"] = gu[e, inter:].contiguous()
+            w[f"{base}{e}.down_proj.weight"] = down[e].contiguous()
+    save_file(w, str(shard), metadata={"format": "pt"})
+
+
 def ensure_model(family: str) -> Path:
     """Directory of the random-weight checkpoint of ``family`` (generated once, then reused)."""
     if family == "mtp":  # DeepSeek-V3 + one MTP layer: generated as 5 layers, layer 4 becomes the MTP head
@@ -116,6 +134,7 @@ def ensure_model(family: str) -> Path:
     model.save_pretrained(tmp)
     if family == "mtp":
         _add_mtp_head(tmp, cfg.hidden_size)
+    _unfuse_experts(tmp)
     tmp.rename(out)
     return out
 

@@ -10,10 +10,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from . import state as S
+
+T = TypeVar("T")
 
 READY_MARK = "ADP-EMULATOR READY"
 MGMT_MARK = "ADP-EMULATOR MGMT"
@@ -57,29 +61,42 @@ def userspace_command(host: str = "127.0.0.1", port: int = 0, nqn: str | None = 
     return cmd
 
 
-def launch_userspace(cmd: list[str], log_path: Path, timeout: float = 20.0, detach: bool = True) -> Launched:
-    """Start ``cmd`` (an ``adp_emulator serve`` command line) and wait for its READY line
-    (the MGMT line, when the management API is on, comes before it)."""
+def _spawn_and_wait(cmd: list[str], log_path: Path, timeout: float, detach: bool, what: str,
+                    ready: Callable[[list[str]], T | None]) -> tuple[subprocess.Popen, T]:
+    """Start ``cmd`` with its output in ``log_path`` and wait until ``ready(log lines)`` returns a value."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=detach)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
+        found = ready(text.splitlines())
+        if found is not None:
+            return proc, found
+        if proc.poll() is not None:
+            tail = "\n".join(text.splitlines()[-15:])
+            raise LaunchError(f"{what} exited with status {proc.returncode} before it was ready:\n{tail}")
+        time.sleep(0.05)
+    S.stop_pid(proc.pid)
+    raise LaunchError(f"{what} was not ready within {timeout} s (log: {log_path})")
+
+
+def launch_userspace(cmd: list[str], log_path: Path, timeout: float = 20.0, detach: bool = True) -> Launched:
+    """Start ``cmd`` (an ``adp_emulator serve`` command line) and wait for its READY line
+    (the MGMT line, when the management API is on, comes before it)."""
+
+    def ready(lines: list[str]) -> tuple[str, int, str, str | None] | None:
         mgmt_url = None
-        for line in text.splitlines():
+        for line in lines:
             if line.startswith(MGMT_MARK + " "):
                 mgmt_url = line.split()[2]
             if line.startswith(READY_MARK):
                 _, _, host, port, nqn = line.split(maxsplit=4)
-                return Launched(proc, host, int(port), nqn.strip(), log_path, mgmt_url)
-        if proc.poll() is not None:
-            tail = "\n".join(text.splitlines()[-15:])
-            raise LaunchError(f"the userspace target exited with status {proc.returncode} before it was ready:\n"
-                              f"{tail}")
-        time.sleep(0.05)
-    S.stop_pid(proc.pid)
-    raise LaunchError(f"the userspace target was not ready within {timeout} s (log: {log_path})")
+                return host, int(port), nqn.strip(), mgmt_url
+        return None
+
+    proc, (host, port, nqn, mgmt_url) = _spawn_and_wait(cmd, log_path, timeout, detach, "the userspace target", ready)
+    return Launched(proc, host, port, nqn, log_path, mgmt_url)
 
 
 def mgmt_command(kernel_workdir: str | Path, token_file: str | Path, port: int = 0) -> list[str]:
@@ -90,21 +107,11 @@ def mgmt_command(kernel_workdir: str | Path, token_file: str | Path, port: int =
 
 def launch_mgmt(cmd: list[str], log_path: Path, timeout: float = 20.0) -> tuple[subprocess.Popen, str]:
     """Start a detached ``adp_emulator mgmt`` process and wait for its MGMT line; (process, URL)."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace")
-        for line in text.splitlines():
-            if line.startswith(MGMT_MARK + " "):
-                return proc, line.split()[2]
-        if proc.poll() is not None:
-            tail = "\n".join(text.splitlines()[-15:])
-            raise LaunchError(f"the management API exited with status {proc.returncode}:\n{tail}")
-        time.sleep(0.05)
-    S.stop_pid(proc.pid)
-    raise LaunchError(f"the management API was not ready within {timeout} s (log: {log_path})")
+
+    def ready(lines: list[str]) -> str | None:
+        return next((line.split()[2] for line in lines if line.startswith(MGMT_MARK + " ")), None)
+
+    return _spawn_and_wait(cmd, log_path, timeout, True, "the management API", ready)
 
 
 class LocalTarget:
