@@ -79,6 +79,17 @@ def test_connector_config_in_one_place() -> None:
     parse_config(kv["kv_connector_extra_config"])
 
 
+def test_root_cause_of_a_failed_start(tmp_path: Path) -> None:
+    log = tmp_path / "e.log"
+    log.write_text("INFO start\n(EngineCore) ERROR   File x\n(EngineCore) ERROR ValueError: To serve at least one "
+                   "request ... KV cache is needed\nRuntimeError: Engine core initialization failed.\n")
+    srv = serve.VllmServer(serve.EngineSpec(model="/m"), sys.executable, log)
+    assert srv.root_cause().startswith("ValueError: To serve at least one request")
+    log.write_text("nothing here\n")
+    assert srv.root_cause() == "unknown"
+    srv.stop()  # never started: a no-op
+
+
 def test_engine_argv_same_for_both_arms_but_kv_transfer() -> None:
     spec = serve.EngineSpec(model="/m", kv_cache_bytes=16 << 20, max_num_seqs=8)
     base = spec.argv(1234)

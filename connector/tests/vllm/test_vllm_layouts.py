@@ -1,10 +1,9 @@
-"""The layout layer against the KV-cache specs vLLM 0.32 registers (shapes: CPU matrix note §4), and the options."""
+"""The layout layer against the KV-cache specs vLLM 0.32 registers (shapes: CPU matrix note §4)."""
 
 from __future__ import annotations
 
 import pytest
 
-from adp_connector.vllm.config import ConfigError, options_table, parse_config
 from adp_connector.vllm.layouts import (
     GroupKind,
     LayerRole,
@@ -128,17 +127,3 @@ def test_deepseek_v32_indexer_is_part_of_the_mla_page() -> None:
     assert g.kind is GroupKind.MLA and g.tp_replicated
     assert [la.role for la in g.layers] == [LayerRole.MLA, LayerRole.INDEXER]
     assert g.page_bytes == 64 * 576 * 2 + 64 * 132
-
-
-def test_config_defaults_and_errors() -> None:
-    c = parse_config({"traddr": "10.0.0.2", "trsvcid": 4420, "subnqn": "nqn.x", "verify": False})
-    assert (c.traddr, c.trsvcid, c.subnqn, c.verify, c.io_queues) == ("10.0.0.2", 4420, "nqn.x", False, 4)
-    with pytest.raises(ConfigError, match="unknown"):
-        parse_config({"tradr": "x"})
-    with pytest.raises(ConfigError, match="trsvcid"):
-        parse_config({"trsvcid": "4420"})
-    with pytest.raises(ConfigError, match="verify"):
-        parse_config({"verify": 1})
-    with pytest.raises(ConfigError, match="> 0"):
-        parse_config({"io_queues": 0})
-    assert "| `traddr` |" in options_table()

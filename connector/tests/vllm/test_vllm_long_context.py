@@ -35,7 +35,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "max_model_len": PROMPT_LEN + 512, "kv_bytes": 512 << 20}
     out = {}
     for tag, passes in (("cold", 2), ("warm", 1)):
-        tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=1 << 30, backing_path=str(backing))).start()
+        # 4 GiB: the store gives each writer partition 1/16 of the card; 125 MiB of pages must fit in one
+        tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=4 << 30, backing_path=str(backing))).start()
         try:
             assert TargetSettings().mdts_bytes < PAGE  # pages span several commands
             out[tag] = vm.run_subprocess(dict(spec, passes=passes, reset_between=False,

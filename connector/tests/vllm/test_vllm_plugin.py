@@ -28,3 +28,12 @@ def test_register_is_idempotent() -> None:
 
     register()
     register()
+
+
+def test_old_vllm_is_refused_with_a_clear_error() -> None:
+    from adp_connector.vllm.connector import _check_vllm_version
+
+    _check_vllm_version("0.32.0")
+    _check_vllm_version("0.33.1")
+    with pytest.raises(RuntimeError, match=r"needs vLLM >= 0\.32 \(found 0\.26\.0\)"):
+        _check_vllm_version("0.26.0")

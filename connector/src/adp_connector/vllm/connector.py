@@ -27,16 +27,16 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from vllm import __version__ as _VLLM_VERSION
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorTransferResults,
     SupportsHMA,
 )
 
@@ -44,6 +44,13 @@ from ..store import KeyNamespace, PageKey, PageStatus
 from .backend import StoreLink
 from .config import ADPConfig, parse_config
 from .layouts import GroupKind, GroupLayout, best_hit, describe_groups, drafter_layer_names
+
+try:  # vLLM >= 0.32: request-level failure reporting (0.26 has only block-level errors)
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+except ImportError:  # pragma: no cover - refused in ADPConnector.__init__
+    KVConnectorTransferResults = None  # type: ignore[assignment,misc]
+
+MIN_VLLM = (0, 32)
 
 try:  # vLLM >= 0.32 labels external hits by tier
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -64,6 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vllm.adp_kv.connector")  # under "vllm": shown by vLLM's log handler
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
+_RECENT_SAVES = 65536  # keys remembered as "being saved" until the store index shows them
 
 
 @dataclass
@@ -99,6 +107,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         _cache_hit_source = _DISK
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        _check_vllm_version(_VLLM_VERSION)
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self.cfg: ADPConfig = parse_config(ktc.kv_connector_extra_config)
@@ -132,6 +141,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed: set[str] = set()
         self._meta_loads: dict[str, list[PageRef]] = {}
         self._meta_zero: dict[str, list[tuple[int, int]]] = {}
+        self._recent_saves: OrderedDict[bytes, None] = OrderedDict()  # scheduled lately (writes may be in flight)
         # worker side
         self._kv: dict[int, list[tuple[str, torch.Tensor, int]]] = {}  # group -> [(layer, tensor, bytes/block)]
         self._draft_kv: dict[int, list[torch.Tensor]] = {}
@@ -307,9 +317,14 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 key = self._key(g, hashes, boundary // g.block_size - 1)
                 if key is not None:
                     cand.append((gid, bid, bytes(key)))
+        cand = [c for c in cand if c[2] not in self._recent_saves]
         if cand:
             known = store.contains([k for _, _, k in cand])
             meta.saves = [c for c, k in zip(cand, known, strict=True) if not k]
+            for _, _, k in meta.saves:
+                self._recent_saves[k] = None
+            while len(self._recent_saves) > _RECENT_SAVES:
+                self._recent_saves.popitem(last=False)
         return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -625,6 +640,19 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 tot[k] += v
         self._write_audit_stats()
         self.link.close()
+
+
+def _check_vllm_version(version: str) -> None:
+    """Refuse vLLM releases whose connector contract differs (docs/connector.md, "Supported vLLM versions")."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return  # a development build: assume current
+    if (major, minor) < MIN_VLLM or KVConnectorTransferResults is None:
+        raise RuntimeError(
+            f"ADPConnector needs vLLM >= {MIN_VLLM[0]}.{MIN_VLLM[1]} (found {version}): older releases lack "
+            "request-level load-failure reporting (failed_recving) and the scheduler block state the connector "
+            "saves from, so it could not guarantee recompute on a bad page. See docs/connector.md.")
 
 
 def _tp_rank() -> int:

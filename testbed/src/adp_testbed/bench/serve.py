@@ -207,13 +207,15 @@ class VllmServer:
             return ""
 
     def root_cause(self) -> str:
-        """The last ``SomethingError: ...`` line of the log (the engine's start-up failure), else ``unknown``."""
+        """The engine's start-up failure: the last ``SomethingError: ...`` line of the log that is not the front
+        end's generic "initialization failed" (else that one, else ``unknown``)."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return "unknown"
         found = re.findall(r"((?:\w+Error|\w*Exception): .*)", text)
-        return found[-1].strip() if found else "unknown"
+        specific = [f for f in found if "initialization failed" not in f]  # the front end's generic wrapper
+        return (specific or found or ["unknown"])[-1].strip()
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:

