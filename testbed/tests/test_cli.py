@@ -113,10 +113,10 @@ def test_sizes() -> None:
     assert format_size(131072) == "128K" and format_size(4097) == "4097"
 
 
-def test_demo_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """The README's main job: target, discovery, 64 MiB mixed-size round trip, target restart, re-read."""
+def test_datapath_demo_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`testbed demo --datapath`: target, discovery, 64 MiB mixed-size round trip, target restart, re-read."""
     out = tmp_path / "demo.json"
-    assert main(["demo", "--json", str(out)]) == 0
+    assert main(["demo", "--datapath", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "RESULT: PASS" in text
     r = json.loads(out.read_text())

@@ -243,8 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "compares every restored page byte for byte")
         verify.add_arguments(vp)
         vp.set_defaults(func=verify.main)
-    demo = sub.add_parser("demo", help="bring up a target, move data through it, print the results")
+    demo = sub.add_parser("demo", help="the restart A/B on a tiny CPU model (baseline vs ADP connector)")
     demo.add_argument("--json", help="also write the results to this JSON file")
+    demo.add_argument("--datapath", action="store_true",
+                      help="the NVMe/TCP data path only (target, client, restart): no vLLM needed")
     demo.set_defaults(func=cmd_demo)
     return ap
 

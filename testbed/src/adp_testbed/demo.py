@@ -1,5 +1,11 @@
 """`testbed demo`: the end-to-end job on an embedded default, no arguments needed.
 
+By default: the restart A/B of `testbed bench restart --preset cpu-smoke` — a tiny random-weight
+model served by vLLM (CPU) with and without the ADP connector; prompts cold, engine restarted, same
+prompts warm; TTFT and prefix-cache hits side by side, and the warm outputs compared token by token.
+
+``--datapath`` (no vLLM needed) shows the layers below the connector instead:
+
 1. Start the userspace ADP emulator (file-backed namespace, any free loopback port).
 2. Find its subsystem through the discovery controller and connect the NVMe/TCP host client.
 3. Write random data in mixed sizes across several I/O queues, read it back, compare bytes.
@@ -78,6 +84,28 @@ def run(total: int = 64 << 20) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not getattr(args, "datapath", False):
+        return restart_ab(args)
+    return datapath_demo(args)
+
+
+def restart_ab(args: argparse.Namespace) -> int:
+    """The restart scenario, both arms, on the CPU preset; exit status 0 only if its acceptance holds."""
+    from .bench import restart
+
+    p = argparse.ArgumentParser(prog="testbed demo")
+    restart.add_arguments(p)
+    argv = ["--preset", "cpu-smoke"]
+    if getattr(args, "json", None):
+        argv += ["--json", args.json]
+    print("ADP KV demo: vLLM (CPU, tiny random-weight model) with and without the ADP connector;\n"
+          "prompts cold -> engine restart -> same prompts warm (takes a few minutes: engine starts dominate)")
+    rc = restart.main(p.parse_args(argv))
+    print("RESULT:", "PASS" if rc == 0 else "FAIL")
+    return rc
+
+
+def datapath_demo(args: argparse.Namespace) -> int:
     print("ADP KV demo: userspace NVMe/TCP emulator + host client, write / read / restart / read")
     r = run()
     rows = [
