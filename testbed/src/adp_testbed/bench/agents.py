@@ -96,13 +96,8 @@ def main(args: argparse.Namespace) -> int:
     run = C.Run("agents", args, {k: getattr(args, k) for k in ("agent_counts", "history_len", "turn_tokens", "turns",
                                                                 "max_tokens", "speed_floor_tps")})
     result = run.finish(run.run_arms(lambda arm, kv: _arm(run, arm, kv)))
-    for arm, a in result["arms"].items():
-        if not a.get("available"):
-            print(f"{arm:8} unavailable: {a['reason'][:200]}")
-            continue
-        for pt in a["points"]:
-            print(f"{arm:8} {pt['agents']:3} agents  {pt['agent_tps_mean']:7.1f} tok/s per agent "
-                  f"(min {pt['agent_tps_min']:.1f})  below floor {pt['below_floor_share']:.0%}  "
-                  f"TTFT p95 {pt['ttft_s']['p95']}  ext hits {pt['counters']['external_prefix_cache_hits']:.0f}  "
-                  f"failed {pt['failed']}")
-    return 0 if all(a.get("available") for k, a in result["arms"].items() if k in run.arms) else 1
+    return C.print_points(result, run, lambda pt: (
+        f"{pt['agents']:3} agents  {pt['agent_tps_mean']:7.1f} tok/s per agent "
+        f"(min {pt['agent_tps_min']:.1f})  below floor {pt['below_floor_share']:.0%}  "
+        f"TTFT p95 {pt['ttft_s']['p95']}  ext hits {pt['counters']['external_prefix_cache_hits']:.0f}  "
+        f"failed {pt['failed']}"))

@@ -163,3 +163,14 @@ class Run:
 def counter_phase(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Counter deltas of one phase (short names)."""
     return SV.delta(SV.counters(after), SV.counters(before))
+
+
+def print_points(result: dict[str, Any], run: Run, line: Callable[[dict[str, Any]], str]) -> int:
+    """Print one line per measured point of each arm; exit status 1 if an arm that was asked for is unavailable."""
+    for arm, a in result["arms"].items():
+        if not a.get("available"):
+            print(f"{arm:8} unavailable: {a['reason'][:200]}")
+            continue
+        for pt in a["points"]:
+            print(f"{arm:8} {line(pt)}")
+    return 0 if all(a.get("available") for k, a in result["arms"].items() if k in run.arms) else 1

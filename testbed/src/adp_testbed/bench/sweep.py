@@ -96,12 +96,7 @@ def main(args: argparse.Namespace) -> int:
     run = C.Run("sweep", args, {k: getattr(args, k) for k in ("users", "requests_per_user", "contexts", "context_len",
                                                                "suffix_len", "max_tokens", "warmup")})
     result = run.finish(run.run_arms(lambda arm, kv: _arm(run, arm, kv)))
-    for arm, a in result["arms"].items():
-        if not a.get("available"):
-            print(f"{arm:8} unavailable: {a['reason'][:200]}")
-            continue
-        for pt in a["points"]:
-            print(f"{arm:8} {pt['users']:4} users  TTFT p50 {pt['ttft_s']['p50']} p95 {pt['ttft_s']['p95']}  "
-                  f"{pt['output_tps']:8.1f} tok/s  failed {pt['failed']}/{pt['requests']}  "
-                  f"ext hits {pt['counters']['external_prefix_cache_hits']:.0f}")
-    return 0 if all(a.get("available") for k, a in result["arms"].items() if k in run.arms) else 1
+    return C.print_points(result, run, lambda pt: (
+        f"{pt['users']:4} users  TTFT p50 {pt['ttft_s']['p50']} p95 {pt['ttft_s']['p95']}  "
+        f"{pt['output_tps']:8.1f} tok/s  failed {pt['failed']}/{pt['requests']}  "
+        f"ext hits {pt['counters']['external_prefix_cache_hits']:.0f}"))
