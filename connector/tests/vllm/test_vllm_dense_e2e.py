@@ -137,4 +137,5 @@ def test_verification_catches_corruption_and_recomputes(runs: dict) -> None:
     assert p["tokens"] == runs["cold"]["passes"][0]["tokens"]  # recomputed from scratch: a full prefill
     assert p["adp"]["vllm:adp_kv_verify_failures"] > 0
     assert p["adp"]["vllm:adp_kv_load_fallbacks"] == 2
+    assert p["adp"]["vllm:adp_kv_pages_saved"] > 0  # corrupt pages discarded, the recompute rewrote them
     assert p["ext_hits"] == 0 or p["num_cached"] == [0, 0]

