@@ -42,3 +42,17 @@ def test_family_restores_after_restart(family: str, variant: str, tmp_path: obje
 def test_dsa_is_refused_on_cpu_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     assert verify.main(_args("dsa", "/tmp")) == 2
     assert "Sparse Attention is not supported on CPU" in capsys.readouterr().err
+
+
+@pytest.mark.kernel
+def test_dense_restores_through_the_linux_kernel_target(tmp_path: object) -> None:
+    """The same acceptance with pages on Linux nvmet (QEMU guest) instead of our userspace target."""
+    import os
+    import shutil
+
+    if shutil.which("qemu-system-x86_64") is None and not os.environ.get("CI"):
+        pytest.skip("qemu-system-x86_64 is not installed (scripts/install-kernel-deps.sh)")
+    v = verify.run(_args("dense", tmp_path, backend="kernel"))
+    assert v["backend"] == "kernel"
+    assert v["outputs_identical"] and v["cold_hits"] == 0 and v["warm_hits"] == v["expected_warm_hits"], v
+    assert v["pages_compared"] > 0 and v["pages_mismatched"] == 0 and v["ok"], v

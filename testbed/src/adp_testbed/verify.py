@@ -107,7 +107,7 @@ class _Target:
             from adp_emulator.config import default_config
             from adp_emulator.kernel import KernelTarget
 
-            self.kernel = KernelTarget(default_config(), self.work / "kernel")
+            self.kernel = KernelTarget(default_config(), self.work / "kernel", host_port=0)
             info = self.kernel.start(timeout=300)
             self.port, self.subnqn = int(info["trsvcid"]), info.get("subnqn")
 
