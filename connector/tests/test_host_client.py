@@ -101,9 +101,13 @@ def test_max_transfer_cap_below_mdts(target):
 def test_pipelining_respects_queue_depth(target):
     with Controller.connect(cfg(target, io_queues=2, queue_depth=4)) as c:
         buf = os.urandom(64 * 1024)
-        futs = [c.submit_write(i * len(buf), buf) for i in range(64)]
-        for f in futs:
-            f.result(30)
+        target.faults.set_delay(0.005)  # a slow device: submissions pile up whatever the machine's load
+        try:
+            futs = [c.submit_write(i * len(buf), buf) for i in range(64)]
+            for f in futs:
+                f.result(30)
+        finally:
+            target.faults.clear()
         depths = [q.max_in_flight for q in c._io]
         assert max(depths) == 4  # pipelined up to, never beyond, the depth
         reads = [bytearray(len(buf)) for _ in range(64)]

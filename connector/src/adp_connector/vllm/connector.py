@@ -37,6 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
     SupportsHMA,
 )
 
@@ -72,6 +73,7 @@ log = logging.getLogger("vllm.adp_kv.connector")  # under "vllm": shown by vLLM'
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 _RECENT_SAVES = 65536  # keys remembered as "being saved" until the store index shows them
+_RECENT_SAVE_TTL_S = 10.0  # > a save's write + the scheduler index refresh (1 s): then failed saves are retried
 
 
 @dataclass
@@ -84,6 +86,16 @@ class ADPMetadata(KVConnectorMetadata):
 
 
 @dataclass
+class ADPWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, per step: keys whose save failed, so the scheduler schedules them again."""
+
+    def __init__(self, failed_saves: list[bytes]) -> None:
+        self.failed_saves = failed_saves
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        return ADPWorkerMetadata(self.failed_saves + list(getattr(other, "failed_saves", ())))
+
+
 class _Req:
     request: Any
     saved_blocks: dict[int, int] = field(default_factory=dict)  # group -> blocks handled (saved or skipped)
@@ -130,7 +142,12 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._namespaces = self._build_namespaces(vllm_config)
         self._stats: dict[str, float] = defaultdict(float)
         self._stats_lock = threading.Lock()
-        ident = f"{self._model_id}|{self.cfg.namespace_extra}|tp{self.tp_rank}/{self.tp_size}|pp{self.pp_rank}"
+        # The writer identity is per engine launch (vLLM's engine_id is a fresh UUID each start): two replicas
+        # of one model on one card must never share a writer partition. A restarted engine claims a free or
+        # expired partition; the old one's pages stay readable by everyone meanwhile.
+        engine_id = getattr(vllm_config.kv_transfer_config, "engine_id", None) or ""
+        ident = (f"{self._model_id}|{self.cfg.namespace_extra}|tp{self.tp_rank}/{self.tp_size}|pp{self.pp_rank}"
+                 f"|{engine_id}")
         self._is_worker = role == KVConnectorRole.WORKER
         self.link = StoreLink(self.cfg, writer=self._is_worker and self.cfg.save, identity=ident,
                               partition=self.tp_rank if self._is_worker else None,
@@ -141,7 +158,9 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed: set[str] = set()
         self._meta_loads: dict[str, list[PageRef]] = {}
         self._meta_zero: dict[str, list[tuple[int, int]]] = {}
-        self._recent_saves: OrderedDict[bytes, None] = OrderedDict()  # scheduled lately (writes may be in flight)
+        # key -> when its save was scheduled; skipped for _RECENT_SAVE_TTL_S while the write may be in flight.
+        # After that the (refreshed) store index decides: a save that failed is scheduled again.
+        self._recent_saves: OrderedDict[bytes, float] = OrderedDict()
         self._planned: dict[str, list[bytes]] = {}  # rid -> keys of its restore in flight
         self._suspect: set[bytes] = set()  # keys of failed restores: rewrite them even if the index has them
         # worker side
@@ -151,6 +170,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._pending_save_bytes = 0
         self._save_handles: set[Any] = set()
         self._save_lock = threading.Lock()
+        self._failed_save_keys: list[bytes] = []  # reported to the scheduler by build_connector_worker_meta
         self._audit_lock = threading.Lock()
         self._disabled = ""
         if self.link.wait_ready(self.cfg.connect_timeout_s) is None:
@@ -320,19 +340,33 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 key = self._key(g, hashes, boundary // g.block_size - 1)
                 if key is not None:
                     cand.append((gid, bid, bytes(key)))
-        cand = [c for c in cand if c[2] not in self._recent_saves or c[2] in self._suspect]
+        now = time.monotonic()
+        recent = self._recent_saves
+        cand = [c for c in cand
+                if c[2] in self._suspect or now - recent.get(c[2], -_RECENT_SAVE_TTL_S) >= _RECENT_SAVE_TTL_S]
         if cand:
             known = store.contains([k for _, _, k in cand])
             meta.saves = [c for c, k in zip(cand, known, strict=True) if not k or c[2] in self._suspect]
             self._suspect.difference_update(k for _, _, k in meta.saves)
             for _, _, k in meta.saves:
-                self._recent_saves[k] = None
+                recent[k] = now
+                recent.move_to_end(k)
             while len(self._recent_saves) > _RECENT_SAVES:
                 self._recent_saves.popitem(last=False)
         return meta
 
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        """Keys whose save failed since the last step (device full, target gone...): saved again later."""
+        with self._save_lock:
+            keys, self._failed_save_keys = self._failed_save_keys, []
+        return ADPWorkerMetadata(keys) if keys else None
+
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        """Remember failed restores so the recomputing request is not offered the same pages again."""
+        """Remember failed restores so the recomputing request is not offered the same pages again;
+        forget failed saves so a later request saves those pages again."""
+        wm = getattr(connector_output, "kv_connector_worker_meta", None)
+        for k in getattr(wm, "failed_saves", ()):
+            self._recent_saves.pop(k, None)
         failed = getattr(connector_output, "failed_recving", None)
         if failed:
             self._failed.update(failed)
@@ -506,6 +540,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._stat(saves=1, pages_saved=len(ok), bytes_saved=sum(r.nbytes for r in ok),
                    save_s=time.monotonic() - t0, save_errors=len(bad))
         with self._save_lock:
+            self._failed_save_keys.extend(bytes(r.key) for r in bad)
             self._pending_save_bytes -= nbytes
             self._save_handles.discard(h)
         del stage
