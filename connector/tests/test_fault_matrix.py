@@ -9,7 +9,7 @@ loopback and checks the same contract:
   fault (a later batch succeeds);
 * the counters (host stats, store stats, target counters) show what happened.
 
-Engine-level faults (engine restart mid-save through vLLM) are pending: docs/reliability.md.
+Engine-level faults (through vLLM): connector/tests/vllm/test_vllm_fault_matrix.py; table in docs/reliability.md.
 """
 
 from __future__ import annotations
