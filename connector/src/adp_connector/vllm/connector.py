@@ -85,7 +85,6 @@ class ADPMetadata(KVConnectorMetadata):
     saves: list[PageRef] = field(default_factory=list)
 
 
-@dataclass
 class ADPWorkerMetadata(KVConnectorWorkerMetadata):
     """Worker -> scheduler, per step: keys whose save failed, so the scheduler schedules them again."""
 
@@ -96,6 +95,7 @@ class ADPWorkerMetadata(KVConnectorWorkerMetadata):
         return ADPWorkerMetadata(self.failed_saves + list(getattr(other, "failed_saves", ())))
 
 
+@dataclass
 class _Req:
     request: Any
     saved_blocks: dict[int, int] = field(default_factory=dict)  # group -> blocks handled (saved or skipped)
