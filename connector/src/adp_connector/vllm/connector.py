@@ -638,13 +638,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         with self._stats_lock:
             if not any(self._stats.values()):
                 return None
-            data = dict(self._stats)
-            self._stats.clear()
-            tot = getattr(self, "_totals", None)
-            if tot is None:
-                tot = self._totals = defaultdict(float)
-            for k, v in data.items():
-                tot[k] += v
+        data = self._drain_stats()
         self._write_audit_stats()
         from .stats import ADPConnectorStats
 
@@ -685,6 +679,12 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                     h.wait(max(0.0, deadline - time.monotonic()))
                 except Exception:
                     pass
+        self._drain_stats()
+        self._write_audit_stats()
+        self.link.close()
+
+    def _drain_stats(self) -> dict[str, float]:
+        """Move this interval's counters into the running totals; returns the interval's counters."""
         with self._stats_lock:
             data = dict(self._stats)
             self._stats.clear()
@@ -693,8 +693,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 tot = self._totals = defaultdict(float)
             for k, v in data.items():
                 tot[k] += v
-        self._write_audit_stats()
-        self.link.close()
+        return data
 
 
 def _check_vllm_version(version: str) -> None:
