@@ -18,10 +18,12 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-from adp_connector.vllm.connector import ADPConnector
+from adp_connector.vllm.connector import _HAS_FAILED_RECVING, ADPConnector
 from adp_emulator.target import TargetSettings, UserspaceTarget
 
 BS = 4
+# These drive the >= 0.32 contract (scheduler block state, failed_recving); the 0.26 one has its own test below.
+native_contract = pytest.mark.skipif(not _HAS_FAILED_RECVING, reason="vLLM >= 0.32 contract (this is 0.26)")
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 
 
@@ -87,6 +89,7 @@ def halves(tmp_path: Any) -> Any:
     tgt.stop()
 
 
+@native_contract
 def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
     tgt, sched, worker, kv = halves
     hashes = [bytes([i]) * 32 for i in range(3)]
@@ -135,6 +138,7 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
         assert torch.equal(kv[n][13:16], kv[n][1:4])
 
 
+@native_contract
 def test_unreachable_target_means_no_cache() -> None:
     cfg = _vllm_config(1)  # nothing listens on port 1
     cfg.kv_transfer_config.kv_connector_extra_config.update(connect_timeout_s=0.2)
@@ -147,3 +151,77 @@ def test_unreachable_target_means_no_cache() -> None:
         assert not sched.build_connector_meta(_sched_out("r", 9, [1, 2, 3])).saves
     finally:
         sched.shutdown()
+
+
+def _legacy_sched_out(new: dict[str, tuple[int, list[int]]], cached: dict[str, tuple[int, list[int] | None]]) -> Any:
+    """A vLLM 0.26 ``SchedulerOutput``: block ids only in the new/cached request data (no block state)."""
+    return SimpleNamespace(
+        num_scheduled_tokens={**{r: n for r, (n, _) in new.items()}, **{r: n for r, (n, _) in cached.items()}},
+        scheduled_spec_decode_tokens={},
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, block_ids=(ids,)) for r, (_, ids) in new.items()],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=list(cached), resumed_req_ids=set(),
+            new_block_ids=[None if ids is None else (ids,) for _, ids in cached.values()]))
+
+
+def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 0.26 path: saves planned from the request data's block ids (chunked prefill), a failed restore reported
+    as block ids (``get_block_ids_with_load_errors``) plus a worker-metadata note (no ``failed_recving``)."""
+    import adp_connector.vllm.connector as conn
+
+    monkeypatch.setattr(conn, "_VLLM_VERSION", "0.26.0")
+    monkeypatch.setattr(conn, "_HAS_FAILED_RECVING", False)
+    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
+    cfg = _vllm_config(tgt.address[1])
+    kvc = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))])
+    sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    worker = ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
+    try:
+        assert sched._legacy and worker._legacy
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        r1 = _request("r1", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r1, 0) == (0, False)
+        sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2],)), 0)
+        # chunked prefill: 8 tokens (blocks 1, 2), then 5 more with blocks 3, 4 appended
+        meta = sched.build_connector_meta(_legacy_sched_out({"r1": (8, [1, 2])}, {}))
+        assert [b for _, b, _ in meta.saves] == [1, 2]
+        _save(worker, meta)
+        r1.num_computed_tokens = 8
+        meta = sched.build_connector_meta(_legacy_sched_out({}, {"r1": (5, [3, 4])}))
+        assert [b for _, b, _ in meta.saves] == [3]
+        _save(worker, meta)
+        sched.request_finished(r1, [1, 2, 3, 4])
+        assert sched._tables.get_block_ids("r1") is None  # forgotten with the request
+        sched.link.store.refresh()
+        # warm restore, then a corrupted page
+        r2 = _request("r2", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)
+        sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([5, 6, 7, 8],)), 12)
+        res = _restore(worker, sched.build_connector_meta(_legacy_sched_out({}, {})), "r2")
+        assert not res.failed_recving and worker.get_block_ids_with_load_errors() == set()
+        for n in LAYERS:
+            assert torch.equal(kv[n][5:8], kv[n][1:4])
+        store = worker.link.store
+        locs = list(store._own.values())
+        tgt.faults.corrupt((locs[0].lba + 1) * store.geometry.lba_size + 16, 8)
+        r3 = _request("r3", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r3, 0) == (12, True)
+        sched.update_state_after_alloc(r3, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 12)
+        res = _restore(worker, sched.build_connector_meta(_legacy_sched_out({}, {})), "r3")
+        assert "r3" in res.finished_recving
+        assert worker.get_block_ids_with_load_errors() == {9, 10, 11}  # the scheduler recomputes from block 9
+        assert worker.get_block_ids_with_load_errors() == set()  # reported once
+        wm = worker.build_connector_worker_meta()
+        assert wm is not None and wm.failed_loads == ["r3"]
+        sched.update_connector_output(SimpleNamespace(finished_recving={"r3"}, kv_connector_worker_meta=wm,
+                                                      invalid_block_ids={9, 10, 11}))
+        assert sched.get_num_new_matched_tokens(r3, 0) == (0, False)  # recompute, no second offer
+        meta = sched.build_connector_meta(_legacy_sched_out({"r3": (13, [9, 10, 11, 12])}, {}))
+        assert [b for _, b, _ in meta.saves] == [9, 10, 11]  # the suspect pages are rewritten
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()

@@ -49,6 +49,27 @@ def _corrupt_all_pages(tgt: UserspaceTarget) -> int:
         ctrl.close()
 
 
+def _audit_totals(path: Path) -> dict[str, float]:
+    """The connector's own running totals (scheduler + workers), written beside the audit log."""
+    tot: dict[str, float] = {}
+    for f in path.glob("stats-*.json"):
+        for k, v in json.loads(f.read_text()).items():
+            tot[k] = tot.get(k, 0) + v
+    return tot
+
+
+# vLLM 0.26's LLM class drops the stats of engine steps without request outputs (``LLMEngine.step`` records only
+# when ``len(outputs.outputs) > 0``; fixed by 0.32), and a restore's step has none: there the connector's counters are
+# read from its own totals, and vLLM's external-hit counters are not checked (num_cached_tokens still is).
+LEGACY_STATS = vm.vllm_version() < (0, 32)
+
+
+def _counter(runs: dict, tag: str, name: str) -> float:
+    if LEGACY_STATS:
+        return runs["totals"][tag].get(name, 0)
+    return runs[tag]["passes"][-1]["adp"][f"vllm:adp_kv_{name}"]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("dense")
@@ -80,6 +101,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out["audit"] = {tag: [json.loads(line) for f in sorted((work / f"audit-{tag}").glob("pages-*.jsonl"))
                           for line in f.read_text().splitlines() if line]
                     for tag in ("cold", "warm", "noverify", "verify")}
+    out["totals"] = {tag: _audit_totals(work / f"audit-{tag}") for tag in ("cold", "warm", "noverify", "verify")}
     (work / "summary.json").write_text(json.dumps({k: v for k, v in out.items() if k != "prompts"}, indent=1))
     return out
 
@@ -88,7 +110,9 @@ def test_cold_run_queries_but_no_hits(runs: dict) -> None:
     p = runs["cold"]["passes"][0]
     assert p["ext_queries"] == 2 * PROMPT_LEN
     assert p["ext_hits"] == 0
-    assert p["adp"]["vllm:adp_kv_pages_saved"] == 2 * (PROMPT_LEN // BLOCK)
+    # save counters arrive with the engine step after the writes finish: read them after pass 2 (cumulative; pass 2
+    # is a local hit and saves nothing new)
+    assert runs["cold"]["passes"][1]["adp"]["vllm:adp_kv_pages_saved"] == 2 * (PROMPT_LEN // BLOCK)
 
 
 def _reference(runs: dict) -> list[list[int]]:
@@ -107,10 +131,13 @@ def test_warm_run_after_restart_hits_and_matches(runs: dict) -> None:
     cold, warm = runs["cold"]["passes"][0], runs["warm"]["passes"][0]
     assert warm["tokens"] == _reference(runs)
     assert [t[:4] for t in warm["tokens"]] == [t[:4] for t in cold["tokens"]]
-    assert warm["ext_queries"] == 2 * PROMPT_LEN
-    assert warm["ext_hits"] == 2 * (PROMPT_LEN // BLOCK * BLOCK)
+    if not LEGACY_STATS:
+        assert warm["ext_queries"] == 2 * PROMPT_LEN
+        assert warm["ext_hits"] == 2 * (PROMPT_LEN // BLOCK * BLOCK)
     assert warm["num_cached"] == [PROMPT_LEN // BLOCK * BLOCK] * 2
-    assert warm["adp"]["vllm:adp_kv_verify_failures"] == 0
+    assert _counter(runs, "warm", "lookup_hit_tokens") == 2 * (PROMPT_LEN // BLOCK * BLOCK)
+    assert _counter(runs, "warm", "loads_ok") == 2
+    assert _counter(runs, "warm", "verify_failures") == 0
 
 
 def test_restored_pages_are_byte_identical(runs: dict) -> None:
@@ -127,7 +154,7 @@ def test_restored_pages_are_byte_identical(runs: dict) -> None:
 def test_negative_control_corruption_changes_output_without_verification(runs: dict) -> None:
     assert runs["corrupted_pages"] >= 2 * (PROMPT_LEN // BLOCK)
     p = runs["noverify"]["passes"][0]
-    assert p["ext_hits"] > 0  # the corrupted pages were restored...
+    assert p["num_cached"] == [PROMPT_LEN // BLOCK * BLOCK] * 2  # the corrupted pages were restored...
     assert p["tokens"] != _reference(runs)  # ...and the test can see it
     assert [t[:4] for t in p["tokens"]] != [t[:4] for t in runs["cold"]["passes"][0]["tokens"]]
 
@@ -135,7 +162,7 @@ def test_negative_control_corruption_changes_output_without_verification(runs: d
 def test_verification_catches_corruption_and_recomputes(runs: dict) -> None:
     p = runs["verify"]["passes"][0]
     assert p["tokens"] == runs["cold"]["passes"][0]["tokens"]  # recomputed from scratch: a full prefill
-    assert p["adp"]["vllm:adp_kv_verify_failures"] > 0
-    assert p["adp"]["vllm:adp_kv_load_fallbacks"] == 2
-    assert p["adp"]["vllm:adp_kv_pages_saved"] > 0  # corrupt pages discarded, the recompute rewrote them
+    assert _counter(runs, "verify", "verify_failures") > 0
+    assert _counter(runs, "verify", "load_fallbacks") == 2
+    assert _counter(runs, "verify", "pages_saved") > 0  # corrupt pages discarded, the recompute rewrote them
     assert p["ext_hits"] == 0 or p["num_cached"] == [0, 0]

@@ -49,8 +49,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_long_prompt_restores_across_restart(runs: dict) -> None:
     cold, local, warm = runs["cold"]["passes"][0], runs["cold"]["passes"][1], runs["warm"]["passes"][0]
     assert cold["ext_queries"] == PROMPT_LEN and cold["ext_hits"] == 0
-    assert cold["adp"]["vllm:adp_kv_pages_saved"] == PROMPT_LEN // 128
-    assert cold["adp"]["vllm:adp_kv_bytes_saved"] == PROMPT_LEN // 128 * PAGE
+    # Save counters reach vLLM with the next engine step after the NVMe writes finish, so the last saves of pass 1
+    # show up in pass 2's (cumulative) counters; pass 2 saves nothing new (its one computed block already exists).
+    assert local["adp"]["vllm:adp_kv_pages_saved"] == PROMPT_LEN // 128
+    assert local["adp"]["vllm:adp_kv_bytes_saved"] == PROMPT_LEN // 128 * PAGE
     assert warm["ext_hits"] == HIT and warm["num_cached"] == [HIT]
     assert warm["adp"]["vllm:adp_kv_bytes_loaded"] == HIT // 128 * PAGE
     assert warm["tokens"] == local["tokens"]

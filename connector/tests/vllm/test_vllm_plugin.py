@@ -30,10 +30,33 @@ def test_register_is_idempotent() -> None:
     register()
 
 
-def test_old_vllm_is_refused_with_a_clear_error() -> None:
-    from adp_connector.vllm.connector import _check_vllm_version
+def test_vllm_versions_supported_and_refused() -> None:
+    from adp_connector.vllm.connector import _HAS_FAILED_RECVING, _check_vllm_version
 
-    _check_vllm_version("0.32.0")
-    _check_vllm_version("0.33.1")
-    with pytest.raises(RuntimeError, match=r"needs vLLM >= 0\.32 \(found 0\.26\.0\)"):
-        _check_vllm_version("0.26.0")
+    if _HAS_FAILED_RECVING:  # the installed vLLM has the native contract
+        assert _check_vllm_version("0.32.0") is False
+        assert _check_vllm_version("0.33.1") is False
+    else:  # vLLM 0.26 installed: a version string claiming the native contract is refused
+        with pytest.raises(RuntimeError, match=r"found 0\.32\.0"):
+            _check_vllm_version("0.32.0")
+    assert _check_vllm_version("0.26.0") is True  # the legacy contract (the GPU image's release)
+    for untested in ("0.25.1", "0.29.0", "0.31.2"):
+        with pytest.raises(RuntimeError, match=rf"supports vLLM 0\.26\.x and >= 0\.32 \(found {untested}\)"):
+            _check_vllm_version(untested)
+
+
+def test_legacy_vllm_refuses_models_it_cannot_serve_safely() -> None:
+    from adp_connector.vllm.connector import _check_legacy_layouts
+    from adp_connector.vllm.layouts import GroupKind, GroupLayout, LayerLayout, LayerRole
+
+    def group(gid: int, kind: GroupKind, spec: str) -> GroupLayout:
+        return GroupLayout(gid, kind, spec, 16, (LayerLayout(f"model.layers.{gid}.attn", LayerRole.KV, 4096),))
+
+    _check_legacy_layouts("0.26.0", [group(0, GroupKind.FULL, "FullAttentionSpec")])  # dense: served
+    _check_legacy_layouts("0.26.0", [group(0, GroupKind.MLA, "MLAAttentionSpec")])
+    with pytest.raises(RuntimeError, match="Mamba/GDN hybrid"):
+        _check_legacy_layouts("0.26.0", [group(0, GroupKind.FULL, "FullAttentionSpec"),
+                                         group(1, GroupKind.STATE, "MambaSpec")])
+    with pytest.raises(RuntimeError, match=r"2 KV-cache groups \(full, window\)"):
+        _check_legacy_layouts("0.26.0", [group(0, GroupKind.FULL, "FullAttentionSpec"),
+                                         group(1, GroupKind.WINDOW, "SlidingWindowSpec")])

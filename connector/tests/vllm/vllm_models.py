@@ -71,6 +71,16 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 CPU_WORKAROUNDS = str(Path(__file__).parent / "cpu_workarounds")
 
 
+def vllm_version() -> tuple[int, int]:
+    """(major, minor) of the installed vLLM ((99, 0) for a development build)."""
+    import vllm
+
+    try:
+        return tuple(int(x) for x in vllm.__version__.split(".")[:2])  # type: ignore[return-value]
+    except ValueError:
+        return (99, 0)
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("ADP_KV_CACHE", str(Path.home() / ".cache" / "adp-kv"))) / "models"
 

