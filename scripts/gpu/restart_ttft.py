@@ -87,7 +87,7 @@ def engine_main(spec_path: str) -> None:
     llm.llm_engine.engine_core.shutdown()
 
 
-def run_engine(spec: dict[str, Any], work: Path, timeout: float) -> dict[str, Any]:
+def run_engine(spec: dict[str, Any], work: Path, timeout: float, profile: bool = False) -> dict[str, Any]:
     sp = work / f"spec-{spec['tag']}.json"
     spec["result"] = str(work / f"result-{spec['tag']}.json")
     sp.write_text(json.dumps(spec))
@@ -95,6 +95,14 @@ def run_engine(spec: dict[str, Any], work: Path, timeout: float) -> dict[str, An
     with open(work / f"engine-{spec['tag']}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, __file__, "--engine", str(sp)], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
+        spy = None
+        if profile:  # sample every process of the engine (driver, engine core + worker) until it exits
+            try:
+                spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--nonblocking", "-r", "100", "-f", "raw",
+                                        "-o", str(work / f"pyspy-{spec['tag']}.txt"), "-p", str(proc.pid)],
+                                       stdout=log, stderr=subprocess.STDOUT)
+            except OSError as exc:
+                print(f"py-spy not started: {exc}", flush=True)
         try:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -104,6 +112,11 @@ def run_engine(spec: dict[str, Any], work: Path, timeout: float) -> dict[str, An
                 os.killpg(proc.pid, 9)
             except ProcessLookupError:
                 pass
+            if spy is not None:
+                try:
+                    spy.wait(30)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
     if rc != 0 or not Path(spec["result"]).exists():
         tail = (work / f"engine-{spec['tag']}.log").read_text(errors="replace").splitlines()[-30:]
         return {"error": f"rc={rc}", "log_tail": tail}
@@ -144,6 +157,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=4420)
     ap.add_argument("--arms", default="baseline,adp-cold,adp-warm")
     ap.add_argument("--engine-timeout", type=float, default=400.0)
+    ap.add_argument("--profile", default="", help="arms to sample with py-spy (raw stacks beside the results)")
     a = ap.parse_args()
     if a.engine:
         engine_main(a.engine)
@@ -175,7 +189,7 @@ def main() -> None:
             if arm == "adp-cold":
                 spec["drain_s_per_gb"] = 0.5
             t = time.monotonic()
-            report["arms"][arm] = run_engine(spec, out, a.engine_timeout)
+            report["arms"][arm] = run_engine(spec, out, a.engine_timeout, profile=arm in a.profile.split(","))
             report["arms"][arm]["wall_s"] = round(time.monotonic() - t, 1)
             print(json.dumps({arm: report["arms"][arm].get("rows", report["arms"][arm])}), flush=True)
             (out / "restart.json").write_text(json.dumps(report, indent=1))

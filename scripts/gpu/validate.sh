@@ -12,8 +12,13 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 if ls "$root"/.whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site-adp/.done ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site-adp "$root"/.whl/*.whl && touch /tmp/site-adp/.done
 fi
+# the connector rides on PYTHONPATH (not pip-installed): give it the dist-info its vLLM plugin entry point lives in
+di=/tmp/site-adp/adp_kv_connector-0.1.0.dist-info
+mkdir -p "$di"
+printf 'Metadata-Version: 2.1\nName: adp-kv-connector\nVersion: 0.1.0\n' > "$di/METADATA"
+printf '[vllm.general_plugins]\nadp_kv_connector = adp_connector.vllm:register\n' > "$di/entry_points.txt"
 export PYTHONPATH="/tmp/site-adp:${PYTHONPATH:-}:$root/connector/src:$root/emulator/src:$root/testbed/src"
-export PYTHONHASHSEED=0 ADP_KV_CACHE=/tmp/adp-kv-cache
+export PYTHONHASHSEED=0 ADP_KV_CACHE=/tmp/adp-kv-cache PATH="/tmp/site-adp/bin:$PATH"
 testbed() { python3 -m adp_testbed.cli "$@"; }
 case "$what" in
   correctness)

@@ -225,3 +225,52 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
         worker.shutdown()
         sched.shutdown()
         tgt.stop()
+
+
+@native_contract
+def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restore larger than one staging slab is split into store batches, each copied in as it lands; slabs are
+    reused (the pool does not grow past what is in flight)."""
+    import adp_connector.vllm.connector as conn
+
+    monkeypatch.setattr(conn, "_SLAB_BYTES", 2 * 256)  # 2 pages of 256 B per slab
+    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
+    cfg = _vllm_config(tgt.address[1])
+    kvc = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))])
+    sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    worker = ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        assert worker._pool is not None and worker._pool.slab_bytes == 512
+        hashes = [bytes([i]) * 32 for i in range(5)]
+        r1 = _request("r1", hashes, 21)
+        sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 0)
+        meta = sched.build_connector_meta(_sched_out("r1", 21, [1, 2, 3, 4, 5, 6]))
+        assert [b for _, b, _ in meta.saves] == [1, 2, 3, 4, 5]  # saved in 3 slabs
+        _save(worker, meta)
+        sched.request_finished_all_groups(r1, ([1, 2, 3, 4, 5, 6],))
+        sched.link.store.refresh()
+        r2 = _request("r2", hashes, 21)
+        assert sched.get_num_new_matched_tokens(r2, 0) == (20, True)
+        sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([7, 8, 9, 10, 11, 12],)), 20)
+        worker.bind_connector_metadata(sched.build_connector_meta(_sched_out("none", 0, [])))
+        worker.start_load_kv(None)
+        assert [len(ch.idxs) for ch in worker._jobs[0].chunks] == [2, 2, 1]
+        res = None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            res = worker.get_transfer_results(set())
+            if "r2" in res.finished_recving:
+                break
+            time.sleep(0.02)
+        assert res is not None and "r2" in res.finished_recving and not res.failed_recving
+        worker.clear_connector_metadata()
+        for n in LAYERS:
+            assert torch.equal(kv[n][7:12], kv[n][1:6])
+        assert worker._pool.allocated_bytes <= 3 * 512 and worker._pool.temporary == 0
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()

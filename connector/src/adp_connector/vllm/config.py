@@ -34,7 +34,8 @@ class ADPConfig:
     retry_interval_s: float = 5.0
     load_timeout_s: float = 30.0
     refresh_interval_s: float = 1.0
-    max_pending_save_mb: int = 512
+    max_pending_save_mb: int = 4096
+    staging_mb: int = 2048
     min_hit_blocks: int = 1
     io_threads: int = 2
     max_io_kib: int = 0
@@ -59,6 +60,8 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "load_timeout_s": ((int, float), "a restore not done in this time fails (-> recompute)"),
     "refresh_interval_s": ((int, float), "scheduler: re-read other writers' slot tables this often (0: never)"),
     "max_pending_save_mb": ((int,), "staged bytes of saves in flight; beyond it new saves are dropped (counted)"),
+    "staging_mb": ((int,), "host staging slabs kept for page I/O (pinned when the KV cache is on a GPU); I/O "
+                   "beyond it uses temporary unpinned buffers"),
     "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
     "io_threads": ((int,), "concurrent store batches per process"),
     "max_io_kib": ((int,), "split device commands at this size (0: the controller's MDTS)"),
@@ -68,7 +71,7 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
 
 _POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
-                 "max_pending_save_mb", "max_io_kib"}
+                 "max_pending_save_mb", "max_io_kib", "staging_mb"}
 
 
 def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:

@@ -45,6 +45,7 @@ from ..store import KeyNamespace, PageKey, PageStatus
 from .backend import StoreLink
 from .config import ADPConfig, parse_config
 from .layouts import GroupKind, GroupLayout, best_hit, describe_groups, drafter_layer_names
+from .staging import StagingPool
 
 try:  # vLLM >= 0.32: request-level failure reporting (0.26 has only block-level errors)
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
@@ -85,6 +86,7 @@ log = logging.getLogger("vllm.adp_kv.connector")  # under "vllm": shown by vLLM'
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 _RECENT_SAVES = 65536  # keys remembered as "being saved" until the store index shows them
+_SLAB_BYTES = 64 << 20  # staging slab: one store batch of pages (loads and saves are split at this size)
 _RECENT_SAVE_TTL_S = 10.0  # > a save's write + the scheduler index refresh (1 s): then failed saves are retried
 
 
@@ -119,16 +121,25 @@ class _Req:
 
 
 @dataclass
+class _LoadChunk:
+    """Up to one staging slab of one group's pages: one store batch, copied into the KV cache when it lands."""
+
+    gid: int
+    idxs: list[int]  # indices into the job's pages
+    buf: torch.Tensor  # staging slab (flat int8)
+    handle: Any = None
+    applied: bool = False
+
+
+@dataclass
 class _LoadJob:
     req_id: str
     pages: list[PageRef]
     zero: list[tuple[int, int]]
-    bufs: list[torch.Tensor]
-    handle: Any
     t0: float
     failed: str = ""
     blocks: list[int] = field(default_factory=list)  # vLLM 0.26: reported as load errors if the restore fails
-    group_bufs: dict[int, torch.Tensor] = field(default_factory=dict)  # group -> [pages, page_bytes] (rows = bufs)
+    chunks: list[_LoadChunk] = field(default_factory=list)
 
 
 class _BlockTables:
@@ -217,6 +228,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv: dict[int, list[tuple[str, torch.Tensor, int]]] = {}  # group -> [(layer, tensor, bytes/block)]
         self._draft_kv: dict[int, list[torch.Tensor]] = {}
         self._jobs: list[_LoadJob] = []
+        self._pool: StagingPool | None = None  # created with the KV caches (pinned when they are on a GPU)
         self._pending_save_bytes = 0
         self._save_handles: set[Any] = set()
         self._save_lock = threading.Lock()
@@ -492,39 +504,52 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                         drafts.append(t)
                 self._kv[g.group_id] = rows
                 self._draft_kv[g.group_id] = drafts
+            biggest = max((g.page_bytes for g in self.layouts if g.persists), default=0)
+            devs = [rows[0][1].device for rows in self._kv.values() if rows]
+            if biggest:
+                slab = max(biggest, _SLAB_BYTES // biggest * biggest)
+                self._pool = StagingPool(slab, self.cfg.staging_mb << 20,
+                                         pinned=bool(devs) and devs[0].type == "cuda")
         except ValueError as exc:
             self._disabled = str(exc)
             log.error("ADP KV: cache disabled: %s", exc)
 
-    def _gather(self, gid: int, block_ids: list[int]) -> torch.Tensor:
-        """Pages of ``block_ids`` in group ``gid`` as one host int8 tensor ``[n, page_bytes]``."""
+    def _gather(self, gid: int, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Pages of ``block_ids`` in group ``gid`` as one host int8 tensor ``[n, page_bytes]`` (into ``out``).
+
+        On a GPU the page rows are assembled on the device and cross PCIe in one copy.
+        """
         rows = self._kv[gid]
         page = sum(b for _, _, b in rows)
         dev = rows[0][1].device
+        n = len(block_ids)
         ids = torch.tensor(block_ids, dtype=torch.long, device=dev)
-        out = torch.empty((len(block_ids), page), dtype=torch.int8, pin_memory=dev.type == "cuda")
+        if out is None:
+            out = torch.empty((n, page), dtype=torch.int8, pin_memory=dev.type == "cuda")
+        dst = out if dev.type == "cpu" else torch.empty((n, page), dtype=torch.int8, device=dev)
         off = 0
         for _, t, nb in rows:
-            src = t.index_select(0, ids).reshape(len(block_ids), -1).view(torch.int8)[:, :nb]
-            out[:, off:off + nb].copy_(src)
+            dst[:, off:off + nb].copy_(t.index_select(0, ids).reshape(n, -1).view(torch.int8)[:, :nb])
             off += nb
+        if dst is not out:
+            out.copy_(dst)
         return out
 
     def _scatter(self, gid: int, block_ids: list[int], pages: torch.Tensor) -> None:
-        """Write host pages ``[n, page_bytes]`` into the group's layers at ``block_ids``."""
+        """Write host pages ``[n, page_bytes]`` into the group's layers at ``block_ids`` (one host -> GPU copy)."""
         dev = self._kv[gid][0][1].device
         ids = torch.tensor(block_ids, dtype=torch.long, device=dev)
+        src = pages if dev.type == "cpu" else pages.to(dev)  # synchronous: the host slab is reused afterwards
         off = 0
         n = len(block_ids)
         for _, t, nb in self._kv[gid]:
             per_block = t[0].numel() * t.element_size()
             if nb == per_block and t[0].is_contiguous():
-                chunk = pages[:, off:off + nb].contiguous().to(dev).view(t.dtype).reshape(n, *t.shape[1:])
-                t.index_copy_(0, ids, chunk)
+                t.index_copy_(0, ids, src[:, off:off + nb].contiguous().view(t.dtype).reshape(n, *t.shape[1:]))
             else:  # a padded page: only the real bytes are stored
                 cur = t.index_select(0, ids).contiguous()
                 flat = cur.reshape(n, -1).view(torch.int8)
-                flat[:, :nb].copy_(pages[:, off:off + nb].to(dev))
+                flat[:, :nb].copy_(src[:, off:off + nb])
                 t.index_copy_(0, ids, cur)
             off += nb
 
@@ -535,25 +560,28 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             return
         store = self.link.store
         for rid, pages in meta.loads.items():
-            job = _LoadJob(rid, pages, meta.zero.get(rid, []), [], None, time.monotonic(),
-                           blocks=meta.load_blocks.get(rid, []))
+            job = _LoadJob(rid, pages, meta.zero.get(rid, []), time.monotonic(), blocks=meta.load_blocks.get(rid, []))
             self._jobs.append(job)
             if self._disabled or store is None or not pages:
                 job.failed = self._disabled or ("target unreachable" if store is None else "nothing restorable")
                 continue
-            # One host tensor [n, page_bytes] per group; the store reads each page straight into its row.
-            rows: list[torch.Tensor] = []
-            for g in self.layouts:
-                n = sum(1 for gid, _, _ in pages if gid == g.group_id)
-                if n:
-                    job.group_bufs[g.group_id] = torch.empty((n, g.page_bytes), dtype=torch.int8)
-            seen: dict[int, int] = defaultdict(int)
-            for gid, _, _ in pages:
-                rows.append(job.group_bufs[gid][seen[gid]])
-                seen[gid] += 1
-            job.bufs = rows
+            # Split per group into slab-sized store batches: they run in parallel in the store's threads and each is
+            # copied into the KV cache as soon as it lands (get_transfer_results), overlapping reads and copies.
+            assert self._pool is not None
+            by_group: dict[int, list[int]] = defaultdict(list)
+            for i, (gid, _, _) in enumerate(pages):
+                by_group[gid].append(i)
             try:
-                job.handle = store.load_batch([k for _, _, k in pages], [b.numpy() for b in job.bufs])
+                for gid, idxs in by_group.items():
+                    pb = self.layouts[gid].page_bytes
+                    per = max(1, self._pool.slab_bytes // pb)
+                    for s0 in range(0, len(idxs), per):
+                        part = idxs[s0:s0 + per]
+                        ch = _LoadChunk(gid, part, self._pool.take(len(part) * pb))
+                        job.chunks.append(ch)
+                        rows = ch.buf[:len(part) * pb].view(len(part), pb)
+                        ch.handle = store.load_batch([pages[i][2] for i in part],
+                                                     [rows[j].numpy() for j in range(len(part))])
             except Exception as exc:
                 job.failed = f"{type(exc).__name__}: {exc}"
 
@@ -580,30 +608,41 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         if store is None:
             self._stat(saves_dropped=sum(len(v) for v in by_group.values()), store_unavailable=1)
             return
-        for gid, refs in by_group.items():
-            nbytes = len(refs) * self.layouts[gid].page_bytes
-            with self._save_lock:
-                if self._pending_save_bytes + nbytes > (self.cfg.max_pending_save_mb << 20):
-                    self._stat(saves_dropped=len(refs))
-                    continue
-                self._pending_save_bytes += nbytes
-            stage = self._gather(gid, [b for _, b, _ in refs])
-            keys = [k for _, _, k in refs]
-            self._audit("save", gid, keys, stage)
-            t0 = time.monotonic()
-            try:
-                h = store.save_batch(keys, [stage[i].numpy() for i in range(len(refs))])
-            except Exception as exc:
-                log.warning("ADP KV: save failed: %s", exc)
-                self._stat(save_errors=len(refs))
-                with self._save_lock:
-                    self._pending_save_bytes -= nbytes
-                continue
-            with self._save_lock:
-                self._save_handles.add(h)
-            h.add_done_callback(lambda hh, stage=stage, nbytes=nbytes, t0=t0: self._save_done(hh, stage, nbytes, t0))
+        assert self._pool is not None
+        for gid, refs_all in by_group.items():
+            pb = self.layouts[gid].page_bytes
+            per = max(1, self._pool.slab_bytes // pb)
+            for s0 in range(0, len(refs_all), per):
+                self._save_chunk(store, gid, refs_all[s0:s0 + per], pb)
 
-    def _save_done(self, h: Any, stage: torch.Tensor, nbytes: int, t0: float) -> None:
+    def _save_chunk(self, store: Any, gid: int, refs: list[PageRef], pb: int) -> None:
+        """Stage up to one slab of pages and hand them to the store (the slab returns to the pool when written)."""
+        assert self._pool is not None
+        nbytes = len(refs) * pb
+        with self._save_lock:
+            if self._pending_save_bytes + nbytes > (self.cfg.max_pending_save_mb << 20):
+                self._stat(saves_dropped=len(refs))
+                return
+            self._pending_save_bytes += nbytes
+        buf = self._pool.take(nbytes)
+        stage = self._gather(gid, [b for _, b, _ in refs], out=buf[:nbytes].view(len(refs), pb))
+        keys = [k for _, _, k in refs]
+        self._audit("save", gid, keys, stage)
+        t0 = time.monotonic()
+        try:
+            h = store.save_batch(keys, [stage[i].numpy() for i in range(len(refs))])
+        except Exception as exc:
+            log.warning("ADP KV: save failed: %s", exc)
+            self._stat(save_errors=len(refs))
+            with self._save_lock:
+                self._pending_save_bytes -= nbytes
+            self._pool.give(buf)
+            return
+        with self._save_lock:
+            self._save_handles.add(h)
+        h.add_done_callback(lambda hh: self._save_done(hh, buf, nbytes, t0))
+
+    def _save_done(self, h: Any, buf: torch.Tensor, nbytes: int, t0: float) -> None:
         try:
             res = h.wait(0)
         except Exception:
@@ -616,7 +655,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             self._failed_save_keys.extend(bytes(r.key) for r in bad)
             self._pending_save_bytes -= nbytes
             self._save_handles.discard(h)
-        del stage
+        if self._pool is not None:
+            self._pool.give(buf)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """(finished saves, finished restores) — see :meth:`get_transfer_results` for failures."""
@@ -624,18 +664,27 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         return r.finished_sending or None, r.finished_recving or None
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        """Complete finished restores: copy verified pages into the KV cache; report failures (-> recompute)."""
+        """Copy landed restore chunks into the KV cache; report finished restores and failures (-> recompute)."""
         out = KVConnectorTransferResults()
         keep: list[_LoadJob] = []
         now = time.monotonic()
         for job in self._jobs:
-            if not job.failed and job.handle is not None and not job.handle.done():
+            for ch in job.chunks:
+                if job.failed:
+                    break
+                if not ch.applied and ch.handle is not None and ch.handle.done():
+                    job.failed = self._apply_chunk(job, ch)
+                    ch.applied = True
+            if not job.failed and not all(ch.applied for ch in job.chunks):
                 if now - job.t0 < self.cfg.load_timeout_s:
                     keep.append(job)
                     continue
                 job.failed = f"timed out after {self.cfg.load_timeout_s} s"
             if not job.failed:
-                job.failed = self._apply(job)
+                for gid, bid in job.zero:
+                    for t in self._draft_kv.get(gid, ()):
+                        t[bid].zero_()
+            self._release(job)
             out.finished_recving.add(job.req_id)
             if job.failed:
                 out.failed_recving.add(job.req_id)
@@ -651,15 +700,23 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._jobs = keep
         return out
 
+    def _release(self, job: _LoadJob) -> None:
+        """Return a finished job's slabs to the pool; a slab the store may still write into is let go instead."""
+        pool = self._pool
+        for ch in job.chunks:
+            if pool is not None and (ch.handle is None or ch.handle.done()):
+                pool.give(ch.buf)
+        job.chunks = []
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         """vLLM 0.26: blocks of failed restores since the last call (the scheduler recomputes from the first)."""
         out, self._load_error_blocks = self._load_error_blocks, set()
         return out
 
-    def _apply(self, job: _LoadJob) -> str:
-        """Check a finished restore and copy it into the KV cache; return an error text ('' on success)."""
+    def _apply_chunk(self, job: _LoadJob, ch: _LoadChunk) -> str:
+        """Check one landed chunk and copy it into the KV cache; return an error text ('' on success)."""
         try:
-            res = job.handle.wait(0)
+            res = ch.handle.wait(0)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         bad_keys = [r.key for r in res if r.status is PageStatus.VERIFY_FAILED]
@@ -674,18 +731,11 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         bad = [r for r in res if r.status is not PageStatus.OK]
         if bad:
             return f"{len(bad)}/{len(res)} page(s) not restored ({bad[0].status.value}: {bad[0].detail})"
-        by_group: dict[int, list[int]] = defaultdict(list)
-        for i, (gid, _, _) in enumerate(job.pages):
-            by_group[gid].append(i)
-        for gid, idxs in by_group.items():
-            pages = job.group_bufs[gid]  # rows in the order of idxs
-            bids = [job.pages[i][1] for i in idxs]
-            self._scatter(gid, bids, pages)
-            if self.cfg.audit_path:
-                self._audit("load", gid, [job.pages[i][2] for i in idxs], self._gather(gid, bids))
-        for gid, bid in job.zero:
-            for t in self._draft_kv.get(gid, ()):
-                t[bid].zero_()
+        pb = self.layouts[ch.gid].page_bytes
+        bids = [job.pages[i][1] for i in ch.idxs]
+        self._scatter(ch.gid, bids, ch.buf[:len(bids) * pb].view(len(bids), pb))
+        if self.cfg.audit_path:
+            self._audit("load", ch.gid, [job.pages[i][2] for i in ch.idxs], self._gather(ch.gid, bids))
         self._stat(pages_loaded=len(res), bytes_loaded=sum(r.nbytes for r in res))
         return ""
 
