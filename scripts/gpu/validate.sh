@@ -26,6 +26,7 @@ case "$what" in
     python3 -c "import vllm, torch, adp_connector.vllm.connector as c; print('vllm', vllm.__version__, 'torch', torch.__version__, 'legacy', c._check_vllm_version(vllm.__version__))" 2>&1 | tail -1 | tee "$out/versions.txt"
     timeout 330 python3 -m adp_testbed.cli verify --family dense --json > "$out/verify-dense.json" 2> "$out/verify-dense.log"
     echo "verify dense rc=$?"; cat "$out/verify-dense.json"; tail -5 "$out/verify-dense.log"
+    [ "${DATAPATH:-1}" = 0 ] && exit 0
     timeout 120 python3 -m adp_testbed.cli bench datapath --sizes 1M --queues 1,4,8,16 --depths 32 --patterns seq \
       --ops read --seconds 2 --mdts 1M --working-set 2G --json "$out/datapath.json" > "$out/datapath.txt" 2>&1
     echo "datapath rc=$?"; tail -25 "$out/datapath.txt"
