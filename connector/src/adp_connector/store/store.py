@@ -140,6 +140,7 @@ class PageStore:
         self._own: OrderedDict[bytes, _Loc] = OrderedDict()
         self._foreign: dict[bytes, _Loc] = {}
         self._foreign_parts: dict[int, dict[bytes, _Loc]] = {}
+        self._table_digests: dict[int, bytes] = {}  # partition -> digest of its slot table at the last refresh
         self._inflight: set[bytes] = set()
         self._pins: dict[int, int] = {}
         self._doomed: dict[int, _Loc] = {}
@@ -262,6 +263,8 @@ class PageStore:
         """Re-read the slot tables of every other partition so their pages become visible (or vanish)."""
         g = self.geometry
         new: dict[int, dict[bytes, _Loc]] = {}
+        changed = False
+        digests = self._table_digests
         for p in range(g.partitions):
             if p == self._partition:
                 continue
@@ -271,7 +274,17 @@ class PageStore:
                 self.stats.add(io_errors=1)
                 new[p] = self._foreign_parts.get(p, {})
                 continue
+            # Parsing a large table is the expensive part (and holds the GIL): skip it when the table is unchanged.
+            d = xxhash.xxh3_128_digest(img)
+            if digests.get(p) == d and p in self._foreign_parts:
+                new[p] = self._foreign_parts[p]
+                continue
+            digests[p] = d
+            changed = True
             new[p] = {k: loc for k, loc in self._valid_entries(p, img)[0].items()}
+        if not changed and set(new) == set(self._foreign_parts):
+            self.stats.add(refreshes=1)
+            return
         with self._lock:
             mine = self._partition
             self._foreign_parts = {p: d for p, d in new.items() if p != mine}

@@ -704,8 +704,12 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         """Return a finished job's slabs to the pool; a slab the store may still write into is let go instead."""
         pool = self._pool
         for ch in job.chunks:
-            if pool is not None and (ch.handle is None or ch.handle.done()):
+            if pool is None:
+                break
+            if ch.handle is None or ch.handle.done():
                 pool.give(ch.buf)
+            else:
+                pool.forget(ch.buf)
         job.chunks = []
 
     def get_block_ids_with_load_errors(self) -> set[int]:

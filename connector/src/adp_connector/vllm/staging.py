@@ -22,9 +22,10 @@ class StagingPool:
         self.max_slabs = max(1, max_bytes // slab_bytes)
         self.pinned = pinned
         self._free: list[torch.Tensor] = []
+        self._slabs: set[int] = set()  # data pointers of the pool's own slabs
         self._allocated = 0
         self._lock = threading.Lock()
-        self.temporary = 0  # buffers handed out beyond the cap (a sizing hint, reported in the connector's stats)
+        self.temporary = 0  # buffers handed out beyond the cap (a sizing hint: raise ``staging_mb``)
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A buffer of at least ``nbytes`` bytes: a pooled slab when it fits, else a temporary tensor."""
@@ -39,21 +40,30 @@ class StagingPool:
                     grow = False
             if grow:
                 try:
-                    return torch.empty(self.slab_bytes, dtype=torch.int8, pin_memory=self.pinned)
+                    slab = torch.empty(self.slab_bytes, dtype=torch.int8, pin_memory=self.pinned)
                 except Exception:
                     with self._lock:
                         self._allocated -= 1
                     raise
+                with self._lock:
+                    self._slabs.add(slab.data_ptr())
+                return slab
         with self._lock:
             self.temporary += 1
         return torch.empty(nbytes, dtype=torch.int8)
 
     def give(self, buf: torch.Tensor) -> None:
         """Return a buffer from :meth:`take` (temporary ones are simply dropped)."""
-        if buf.numel() == self.slab_bytes and (buf.is_pinned() if self.pinned else True):
-            with self._lock:
-                if len(self._free) < self._allocated:
-                    self._free.append(buf)
+        with self._lock:
+            if buf.data_ptr() in self._slabs and len(self._free) < self._allocated:
+                self._free.append(buf)
+
+    def forget(self, buf: torch.Tensor) -> None:
+        """Let go of a slab that cannot be reused (I/O may still write into it); the pool may allocate anew."""
+        with self._lock:
+            if buf.data_ptr() in self._slabs:
+                self._slabs.discard(buf.data_ptr())
+                self._allocated -= 1
 
     @property
     def allocated_bytes(self) -> int:

@@ -1,0 +1,34 @@
+"""StagingPool: slabs are reused, capped, and let go when still in use."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from adp_connector.vllm.staging import StagingPool  # noqa: E402
+
+
+def test_slabs_are_reused_up_to_the_cap() -> None:
+    pool = StagingPool(slab_bytes=1024, max_bytes=2048, pinned=False)
+    a, b = pool.take(1000), pool.take(1024)
+    assert a.numel() == b.numel() == 1024 and pool.allocated_bytes == 2048
+    c = pool.take(10)  # over the cap: a temporary buffer of the asked size
+    assert c.numel() == 10 and pool.temporary == 1
+    big = pool.take(4096)  # larger than a slab: temporary as well
+    assert big.numel() == 4096 and pool.temporary == 2
+    pool.give(c)
+    pool.give(big)  # temporary ones are dropped
+    pool.give(a)
+    assert pool.take(512).data_ptr() == a.data_ptr()  # the same slab again
+    pool.forget(b)  # still being written by someone: the pool may allocate a replacement
+    assert pool.allocated_bytes == 1024
+    d = pool.take(8)
+    assert d.numel() == 1024 and d.data_ptr() != b.data_ptr() and pool.allocated_bytes == 2048
+    pool.give(b)  # a forgotten slab never comes back into the pool
+    assert pool.take(8).numel() == 8
+
+
+def test_bad_slab_size_is_refused() -> None:
+    with pytest.raises(ValueError):
+        StagingPool(slab_bytes=0, max_bytes=1, pinned=False)
