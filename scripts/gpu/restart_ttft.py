@@ -158,6 +158,7 @@ def main() -> None:
     ap.add_argument("--arms", default="baseline,adp-cold,adp-warm")
     ap.add_argument("--engine-timeout", type=float, default=400.0)
     ap.add_argument("--profile", default="", help="arms to sample with py-spy (raw stacks beside the results)")
+    ap.add_argument("--model-only", action="store_true", help="write the model config under --out, print its path")
     a = ap.parse_args()
     if a.engine:
         engine_main(a.engine)
@@ -165,6 +166,9 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     lengths = [int(x) for x in a.lengths.split(",")]
+    if a.model_only:
+        print(write_model(out, a.shape, max(lengths) + 64))
+        return
     rng = random.Random(2026)
     prompts = [[rng.randrange(1000, 120000) for _ in range(n)] for n in lengths]
     sh = SHAPES[a.shape]

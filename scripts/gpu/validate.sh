@@ -4,6 +4,9 @@
 # correctness: connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,
 #              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
 # restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
+# agents|sweep: `testbed bench agents|sweep --preset gpu` on the 8B shape (dummy weights, `vllm serve`), arms
+#              baseline, cpu-offload (vLLM's OffloadingConnector) and adp; BENCH_ARGS adds options (e.g.
+#              "--agents 1,8 --turns 3": size them to the device time left; the card is file-backed in /tmp).
 set -u
 what=${1:?correctness or restart}
 out=${2:?output directory}
@@ -33,6 +36,11 @@ case "$what" in
     ;;
   restart)
     python3 "$root/scripts/gpu/restart_ttft.py" --out "$out" ${RESTART_ARGS:-}
+    ;;
+  agents|sweep)
+    model=$(python3 "$root/scripts/gpu/restart_ttft.py" --model-only --out "$out" --lengths 65536)
+    python3 -m adp_testbed.cli bench "$what" --preset gpu --model "$model" --engine-arg=--load-format=dummy \
+      --arms baseline,cpu-offload,adp --vllm-python python3 --out "$out/$what" ${BENCH_ARGS:-}
     ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from adp_testbed.bench import report, serve, traffic
+from adp_testbed.bench import common, report, serve, traffic
 from adp_testbed.bench.presets import PRESETS, scenario_preset
 from adp_testbed.cli import build_parser
 
@@ -77,6 +77,21 @@ def test_connector_config_in_one_place() -> None:
     except Exception:
         return
     parse_config(kv["kv_connector_extra_config"])
+
+
+def test_cpu_offload_arm_is_vllms_offloading_connector() -> None:
+    import argparse
+
+    kv = serve.offload_config(8 << 30)
+    assert kv == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 30}}
+    assert "cpu-offload" in serve.ARMS and "cpu-offload" not in serve.DEFAULT_ARMS
+    p = argparse.ArgumentParser()
+    common.add_common_arguments(p)
+    a = p.parse_args(["--arms", "baseline,cpu-offload,adp", "--offload-bytes", "2G"])
+    assert a.arms.split(",") == ["baseline", "cpu-offload", "adp"] and a.offload_bytes == 2 << 30
+    for name in PRESETS:  # every preset sizes the CPU tier
+        assert scenario_preset(name, "agents")[2]["offload_cpu_bytes"] > 0
 
 
 def test_root_cause_of_a_failed_start(tmp_path: Path) -> None:

@@ -33,7 +33,11 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu-smoke")
     p.add_argument("--model", help="model directory or name for vLLM, or tiny:<family> (a locally generated "
                                     "random-weight model; default: the preset's)")
-    p.add_argument("--arms", default=",".join(SV.ARMS), help="comma-separated arms to run: baseline,adp")
+    p.add_argument("--arms", default=",".join(SV.DEFAULT_ARMS),
+                   help="comma-separated arms to run: baseline, adp, cpu-offload (vLLM's OffloadingConnector with a "
+                        "CPU tier of --offload-bytes)")
+    p.add_argument("--offload-bytes", type=parse_size,
+                   help="CPU tier of the cpu-offload arm (default: the preset's, the same as the card's capacity)")
     p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); skips the local emulator")
     p.add_argument("--nqn", help="subsystem NQN with --target (default: ask the discovery controller)")
     p.add_argument("--kv-cache-bytes", type=parse_size, help="device KV cache memory per engine (e.g. 16M, 24G)")
@@ -100,6 +104,10 @@ class Run:
         """(kv_transfer_config or None, target description) for ``arm``; a local target lives for the block."""
         if arm == "baseline":
             yield None, "none"
+            return
+        if arm == "cpu-offload":
+            n = self.args.offload_bytes or self.settings["offload_cpu_bytes"]
+            yield SV.offload_config(n), f"vLLM OffloadingConnector, CPU tier of {n} bytes"
             return
         if self.args.target:
             host, _, port = self.args.target.rpartition(":")

@@ -30,6 +30,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "engine": {"model": None, "max_model_len": 65536, "kv_cache_bytes": None, "gpu_memory_utilization": 0.9,
                    "enforce_eager": False, "load_format": "auto"},
         "target_capacity_bytes": 512 * GiB,
+        "offload_cpu_bytes": 64 * GiB,  # the cpu-offload arm's RAM tier (the H200 host has 128 GiB)
         "request_timeout_s": 1800.0,
         "restart": {"prompts": 16, "prompt_len": 32000, "max_tokens": 64},
         # an 8B Llama has 128 KiB of KV per token: 24 GiB hold ~190k tokens, i.e. 4 agents of 45k; 8 and 16 evict
@@ -47,5 +48,6 @@ def scenario_preset(preset: str, scenario: str) -> tuple[dict[str, Any], dict[st
     params = dict(p[scenario])
     engine = dict(p["engine"])
     engine.update(params.pop("engine", {}))
-    run = {"target_capacity_bytes": p["target_capacity_bytes"], "request_timeout_s": p["request_timeout_s"]}
+    run = {"target_capacity_bytes": p["target_capacity_bytes"], "request_timeout_s": p["request_timeout_s"],
+           "offload_cpu_bytes": p.get("offload_cpu_bytes", p["target_capacity_bytes"])}
     return engine, params, run

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-COLORS = {"baseline": "#8c8c8c", "adp": "#1f77b4"}
-LABELS = {"baseline": "baseline (no connector)", "adp": "ADP connector"}
+COLORS = {"baseline": "#8c8c8c", "adp": "#1f77b4", "cpu-offload": "#ff7f0e"}
+LABELS = {"baseline": "baseline (no connector)", "adp": "ADP connector",
+          "cpu-offload": "vLLM OffloadingConnector (CPU tier)"}
 
 
 def _plt() -> Any:
@@ -64,7 +65,7 @@ def _restart(result: dict[str, Any], out: Path, plt: Any) -> tuple[list[str], li
     pngs = []
     if plt is not None and arms:
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        width = 0.38
+        width = 0.8 / max(len(arms), 1)
         for i, (arm, a) in enumerate(arms.items()):
             s = a["summary"]
             xs = [j + (i - (len(arms) - 1) / 2) * width for j in range(2)]

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ARMS = ("baseline", "adp")
+ARMS = ("baseline", "adp", "cpu-offload")
+DEFAULT_ARMS = ("baseline", "adp")
 
 # Prometheus series read after every phase (the `_total` suffix is dropped; samples are summed over labels).
 COUNTERS = (
@@ -47,6 +48,13 @@ def connector_config(traddr: str, trsvcid: int, subnqn: str | None, **extra: Any
     opts.update(extra)
     return {"kv_connector": "ADPConnector", "kv_connector_module_path": "adp_connector.vllm.connector",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": opts}
+
+
+def offload_config(cpu_bytes: int) -> dict[str, Any]:
+    """The ``cpu-offload`` arm: vLLM's own OffloadingConnector with a CPU tier of ``cpu_bytes`` (what a user would
+    pick instead of a card; option name from vLLM's ``v1/kv_offload/cpu/spec.py``)."""
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": int(cpu_bytes)}}
 
 
 def repo_root() -> Path:
