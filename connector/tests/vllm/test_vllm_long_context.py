@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 PROMPT_LEN = 16000
 HIT = (PROMPT_LEN - 1) // 128 * 128  # 15872
+# vLLM 0.26's LLM class drops the counters of engine steps without request outputs (restore steps, chunked-prefill
+# chunks; fixed by 0.32): there only the tokens and num_cached_tokens are checked (docs/connector.md).
+LEGACY_STATS = vm.vllm_version() < (0, 32)
 PAGE = 16 * 2 * 128 * 128 * 2  # 16 layers x 2 heads x 128 tokens x (64 + 64) x 2 B = 1 MiB
 
 
@@ -48,13 +51,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_long_prompt_restores_across_restart(runs: dict) -> None:
     cold, local, warm = runs["cold"]["passes"][0], runs["cold"]["passes"][1], runs["warm"]["passes"][0]
-    assert cold["ext_queries"] == PROMPT_LEN and cold["ext_hits"] == 0
+    assert cold["num_cached"] == [0]
+    if not LEGACY_STATS:
+        assert cold["ext_queries"] == PROMPT_LEN and cold["ext_hits"] == 0
     # Save counters reach vLLM with the next engine step after the NVMe writes finish, so the last saves of pass 1
     # show up in pass 2's (cumulative) counters; pass 2 saves nothing new (its one computed block already exists).
-    assert local["adp"]["vllm:adp_kv_pages_saved"] == PROMPT_LEN // 128
-    assert local["adp"]["vllm:adp_kv_bytes_saved"] == PROMPT_LEN // 128 * PAGE
-    assert warm["ext_hits"] == HIT and warm["num_cached"] == [HIT]
-    assert warm["adp"]["vllm:adp_kv_bytes_loaded"] == HIT // 128 * PAGE
+    if not LEGACY_STATS:
+        assert local["adp"]["vllm:adp_kv_pages_saved"] == PROMPT_LEN // 128
+        assert local["adp"]["vllm:adp_kv_bytes_saved"] == PROMPT_LEN // 128 * PAGE
+        assert warm["ext_hits"] == HIT
+        assert warm["adp"]["vllm:adp_kv_bytes_loaded"] == HIT // 128 * PAGE
+    assert warm["num_cached"] == [HIT]
     assert warm["tokens"] == local["tokens"]
     assert warm["tokens"][0][:1] == cold["tokens"][0][:1]
     print(f"16k prompt: cold {cold['seconds']:.2f} s, local hit {local['seconds']:.2f} s, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -248,9 +249,16 @@ def run_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 400) ->
             except ProcessLookupError:
                 pass
     if rc != 0 or not op.exists():
-        tail = "\n".join(lp.read_text(errors="replace").splitlines()[-40:])
-        raise RuntimeError(f"engine run failed (rc={rc}); log {lp}:\n{tail}")
+        lines = lp.read_text(errors="replace").splitlines()
+        causes = [ln for ln in lines if _ROOT_CAUSE.search(ln)][:3]  # the engine's own errors, wherever they are
+        tail = "\n".join(lines[-40:])
+        raise RuntimeError(f"engine run failed (rc={rc}); root cause: {' | '.join(causes) or 'unknown'}; "
+                           f"log {lp}:\n{tail}")
     return json.loads(op.read_text())
+
+
+_ROOT_CAUSE = re.compile(r"(NotImplementedError|Check failed|cannot serve this model safely|ValueError: |"
+                         r"AssertionError|ImportError: |ModuleNotFoundError: )")
 
 
 def adp_connector(port: int, **extra: Any) -> dict[str, Any]:

