@@ -14,6 +14,9 @@ kv_connector/v1/base.py`` and ``v1/core/sched/scheduler.py``):
 * saves are staged (device -> host copy) synchronously in ``wait_for_save`` of the step that computed the block,
   so the engine may free and reuse the block right after; the NVMe writes run in the store's threads.
 
+vLLM 0.26 goes through a legacy path of the same class (``_check_vllm_version``): block tables from the scheduler
+output (``_BlockTables``), failed restores reported as block ids, single-group models only (docs/connector.md).
+
 Keys: ``KeyNamespace(...).key_for_block_hash(request.block_hashes[k])`` where ``k`` indexes the hash at the
 block's end boundary; the namespace carries the model id, KV dtype, the group descriptor from :mod:`.layouts`,
 the block size, TP/PP ranks (not for TP-replicated MLA), and vLLM's hash algorithm and NONE_HASH seed.
@@ -49,7 +52,7 @@ from .staging import StagingPool
 
 try:  # vLLM >= 0.32: request-level failure reporting (0.26 has only block-level errors)
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
-except ImportError:  # vLLM 0.26: the legacy contract (see _LEGACY)
+except ImportError:  # vLLM 0.26: the legacy contract (see _check_vllm_version)
 
     @dataclass
     class KVConnectorTransferResults:  # type: ignore[no-redef]
@@ -688,7 +691,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             out.finished_recving.add(job.req_id)
             if job.failed:
                 out.failed_recving.add(job.req_id)
-                if not _HAS_FAILED_RECVING:  # vLLM 0.26: block-level report (single-group models only)
+                if self._legacy:  # vLLM 0.26: block-level report (single-group models only)
                     self._load_error_blocks.update(job.blocks)
                     with self._save_lock:
                         self._failed_load_reqs.append(job.req_id)
