@@ -22,7 +22,6 @@ printf 'Metadata-Version: 2.1\nName: adp-kv-connector\nVersion: 0.1.0\n' > "$di/
 printf '[vllm.general_plugins]\nadp_kv_connector = adp_connector.vllm:register\n' > "$di/entry_points.txt"
 export PYTHONPATH="/tmp/site-adp:${PYTHONPATH:-}:$root/connector/src:$root/emulator/src:$root/testbed/src"
 export PYTHONHASHSEED=0 ADP_KV_CACHE=/tmp/adp-kv-cache PATH="/tmp/site-adp/bin:$PATH"
-testbed() { python3 -m adp_testbed.cli "$@"; }
 case "$what" in
   correctness)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
