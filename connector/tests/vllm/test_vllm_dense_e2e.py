@@ -49,15 +49,6 @@ def _corrupt_all_pages(tgt: UserspaceTarget) -> int:
         ctrl.close()
 
 
-def _audit_totals(path: Path) -> dict[str, float]:
-    """The connector's own running totals (scheduler + workers), written beside the audit log."""
-    tot: dict[str, float] = {}
-    for f in path.glob("stats-*.json"):
-        for k, v in json.loads(f.read_text()).items():
-            tot[k] = tot.get(k, 0) + v
-    return tot
-
-
 # vLLM 0.26's LLM class drops the stats of engine steps without request outputs (``LLMEngine.step`` records only
 # when ``len(outputs.outputs) > 0``; fixed by 0.32), and a restore's step has none: there the connector's counters are
 # read from its own totals, and vLLM's external-hit counters are not checked (num_cached_tokens still is).
@@ -101,7 +92,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out["audit"] = {tag: [json.loads(line) for f in sorted((work / f"audit-{tag}").glob("pages-*.jsonl"))
                           for line in f.read_text().splitlines() if line]
                     for tag in ("cold", "warm", "noverify", "verify")}
-    out["totals"] = {tag: _audit_totals(work / f"audit-{tag}") for tag in ("cold", "warm", "noverify", "verify")}
+    out["totals"] = {tag: vm.connector_totals(work / f"audit-{tag}") for tag in ("cold", "warm", "noverify", "verify")}
     (work / "summary.json").write_text(json.dumps({k: v for k, v in out.items() if k != "prompts"}, indent=1))
     return out
 

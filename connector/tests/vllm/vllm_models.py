@@ -82,6 +82,15 @@ def vllm_version() -> tuple[int, int]:
         return (99, 0)
 
 
+def connector_totals(audit_dir: Path) -> dict[str, float]:
+    """The connector's running totals of one engine run (scheduler + workers), written beside its audit log."""
+    tot: dict[str, float] = {}
+    for f in Path(audit_dir).glob("stats-*.json"):
+        for k, v in json.loads(f.read_text()).items():
+            tot[k] = tot.get(k, 0) + v
+    return tot
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("ADP_KV_CACHE", str(Path.home() / ".cache" / "adp-kv"))) / "models"
 

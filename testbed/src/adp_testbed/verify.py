@@ -130,15 +130,6 @@ def _audit(work: Path, tag: str) -> list[dict[str, Any]]:
             for line in f.read_text().splitlines() if line]
 
 
-def _totals(work: Path, tag: str) -> dict[str, float]:
-    """The connector's running totals of one run (scheduler + workers), from its audit directory."""
-    tot: dict[str, float] = {}
-    for f in (work / f"audit-{tag}").glob("stats-*.json"):
-        for k, v in json.loads(f.read_text()).items():
-            tot[k] = tot.get(k, 0) + v
-    return tot
-
-
 def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path) -> dict[str, Any]:
     """MTP both ways: pages written with MTP on are read with MTP off, and the reverse (first token compared).
 
@@ -250,7 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # counters come from its own totals (written beside the audit log).
     legacy = vm.vllm_version() < (0, 32)
     warm_hits = float(sum(warm["num_cached"])) if legacy else warm["ext_hits"]
-    totals = _totals(work, "warm")
+    totals = vm.connector_totals(work / "audit-warm")
     verdict = {
         "family": fam, "backend": args.backend if args.trsvcid is None else "external", "runnable": True,
         "model": model, "prompts": len(prompts), "prompt_tokens": sum(len(p) for p in prompts),
