@@ -43,6 +43,36 @@ def test_two_writers_partitions_and_refresh(device_factory) -> None:
     b.close()
 
 
+def test_refresh_parses_a_slot_table_only_when_it_changed(device_factory, monkeypatch) -> None:
+    """Re-parsing every other partition's table each second held the GIL on a busy engine (GPU profile): an
+    unchanged table is skipped; a changed one (new pages, or pages gone) is picked up."""
+    dev = device_factory(8 << 20)
+    a = PageStore(dev, fast_config(writer_label="engine-a"))
+    b = PageStore(dev, fast_config(writer_label="engine-b"))
+    parsed: list[int] = []
+    real = PageStore._valid_entries
+
+    def counting(self: PageStore, p: int, img: bytearray):  # type: ignore[no-untyped-def]
+        if self is b:
+            parsed.append(p)
+        return real(self, p, img)
+
+    monkeypatch.setattr(PageStore, "_valid_entries", counting)
+    ka = NS.chain_tokens(list(range(8 * 4)))
+    assert a.save_batch(ka, [_data(k, 5000) for k in ka]).ok_count(10) == 4
+    b.refresh()
+    first = len(parsed)
+    assert first >= 1 and b.lookup(ka) == 4
+    b.refresh()
+    b.refresh()
+    assert len(parsed) == first and b.lookup(ka) == 4  # unchanged: not parsed again, still visible
+    assert a.discard(ka[2:]) == 2
+    b.refresh()
+    assert len(parsed) > first and b.lookup(ka) == 2  # changed: parsed, the discarded pages are gone
+    a.close()
+    b.close()
+
+
 def test_concurrent_claims_get_distinct_partitions() -> None:
     dev = MemDevice(8 << 20, 512, 128 << 10)
     PageStore.format(dev, partitions=4)
