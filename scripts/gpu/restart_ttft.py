@@ -29,6 +29,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     # Llama-3.1-8B dimensions (config.json of meta-llama/Llama-3.1-8B): 128 KiB of bf16 KV per token
     "llama8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                 "num_key_value_heads": 8, "vocab_size": 128256},
+    # Llama-3.1-70B dimensions (the 8-GPU runs, TP=8): 320 KiB of KV per token
+    "llama70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+                 "num_key_value_heads": 8, "vocab_size": 128256},
     # Llama-3.1-70B dimensions with 20 of its 80 layers (fits one H200 with dummy weights): 160 KiB of KV per token
     "llama70b-20l": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 20,
                      "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256},
@@ -46,6 +49,37 @@ def write_model(root: Path, shape: str, max_len: int) -> Path:
     return d
 
 
+def dry_run_plan(shape: str, tp: int, lengths: list[int], kv_cache_gb: float, gpu_gb: float,
+                 capacity: str) -> dict[str, Any]:
+    """What a run would need, and what does not fit (weights + KV per GPU, TP divisibility, card size)."""
+    sh = SHAPES[shape]
+    head = sh["hidden_size"] // sh["num_attention_heads"]
+    kv_tok = 2 * sh["num_hidden_layers"] * sh["num_key_value_heads"] * head * 2
+    h, f, n, v = sh["hidden_size"], sh["intermediate_size"], sh["num_hidden_layers"], sh["vocab_size"]
+    params = n * (4 * h * h * (sh["num_attention_heads"] + 2 * sh["num_key_value_heads"]) // (4 * sh[
+        "num_attention_heads"]) + h * h + 3 * h * f) + 2 * v * h
+    weights_gb = params * 2 / 1e9
+    problems = []
+    if sh["num_attention_heads"] % tp or sh["num_key_value_heads"] % tp:
+        problems.append(f"{shape}: {sh['num_attention_heads']} heads / {sh['num_key_value_heads']} KV heads "
+                        f"do not split over TP={tp}")
+    per_gpu = weights_gb / tp + kv_cache_gb
+    if per_gpu > 0.9 * gpu_gb:
+        problems.append(f"{per_gpu:.0f} GB per GPU (weights {weights_gb / tp:.0f} + KV {kv_cache_gb:.0f}) > 90% of "
+                        f"{gpu_gb:.0f} GB")
+    kv_total = sum(lengths) * kv_tok
+    if max(lengths) * kv_tok / 1e9 > kv_cache_gb * tp * 1.0737:
+        problems.append(f"the longest prompt's KV ({max(lengths) * kv_tok / 1e9:.1f} GB) exceeds the KV cache "
+                        f"({kv_cache_gb} GiB x {tp})")
+    cap = float(capacity.rstrip("G")) * 2**30 if capacity.endswith("G") else float(capacity)
+    if kv_total > cap / 2:  # two writer partitions: one engine launch must hold the whole run in its half
+        problems.append(f"the run writes {kv_total / 1e9:.0f} GB of pages; a writer partition holds {cap / 2e9:.0f}")
+    return {"shape": shape, "tp": tp, "params_b": round(params / 1e9, 1), "weights_gb_per_gpu": round(
+        weights_gb / tp, 1), "kv_bytes_per_token": kv_tok, "kv_bytes_per_token_per_rank": kv_tok // tp,
+        "lengths": lengths, "pages_written_gb": round(kv_total / 1e9, 1), "card": capacity,
+        "problems": problems}
+
+
 def engine_main(spec_path: str) -> None:
     """One engine launch: run each prompt alone, record TTFT and cached tokens."""
     from vllm import LLM, SamplingParams
@@ -57,7 +91,7 @@ def engine_main(spec_path: str) -> None:
                               max_model_len=spec["max_model_len"], enable_prefix_caching=True,
                               prefix_caching_hash_algo="sha256_cbor", enforce_eager=True, seed=0,
                               gpu_memory_utilization=0.9, kv_cache_memory_bytes=spec["kv_cache_bytes"],
-                              disable_log_stats=False)
+                              disable_log_stats=False, tensor_parallel_size=spec.get("tp", 1))
     if spec.get("connector"):
         kw["kv_transfer_config"] = spec["connector"]
     llm = LLM(**kw)
@@ -159,6 +193,10 @@ def main() -> None:
     ap.add_argument("--engine-timeout", type=float, default=400.0)
     ap.add_argument("--profile", default="", help="arms to sample with py-spy (raw stacks beside the results)")
     ap.add_argument("--model-only", action="store_true", help="write the model config under --out, print its path")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs per engine)")
+    ap.add_argument("--gpu-gb", type=float, default=141.0, help="memory per GPU, for --dry-run's fit check")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the plan (TP divisibility, memory per GPU, card size) and print it; start nothing")
     a = ap.parse_args()
     if a.engine:
         engine_main(a.engine)
@@ -174,6 +212,12 @@ def main() -> None:
     sh = SHAPES[a.shape]
     kv_per_token = 2 * sh["num_hidden_layers"] * sh["num_key_value_heads"] * (sh["hidden_size"] //
                                                                              sh["num_attention_heads"]) * 2
+    if a.dry_run:
+        plan = dry_run_plan(a.shape, a.tp, lengths, a.kv_cache_gb, a.gpu_gb, a.capacity)
+        print(json.dumps(plan, indent=1))
+        if plan["problems"]:
+            raise SystemExit("dry run: " + "; ".join(plan["problems"]))
+        return
     model = write_model(out, a.shape, max(lengths) + 64)
     report: dict[str, Any] = {"shape": a.shape, "kv_bytes_per_token": kv_per_token, "lengths": lengths, "arms": {}}
     connector = {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
@@ -181,7 +225,7 @@ def main() -> None:
                  "kv_connector_extra_config": {"trsvcid": a.port, "io_queues": 8, "io_threads": 4,
                                                "max_pending_save_mb": 32768, "load_timeout_s": 300.0}}
     base = {"model": str(model), "max_model_len": max(lengths) + 64, "kv_cache_bytes": int(a.kv_cache_gb * 2**30),
-            "prompts": prompts, "kv_bytes_per_token": kv_per_token}
+            "prompts": prompts, "kv_bytes_per_token": kv_per_token, "tp": a.tp}
     tgt = None
     try:
         for arm in a.arms.split(","):
