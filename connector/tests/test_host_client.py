@@ -248,6 +248,19 @@ def test_reconnect_after_dropped_connections(target):
         assert c.cntlid != old and c.stats.connection_losses >= 1
 
 
+def test_a_late_failure_of_an_old_queue_is_not_a_new_loss(target):
+    """Regression (seen in CI under load): a torn-down queue's reader reporting its end after the reconnect tore the
+    fresh association down, and the next read failed."""
+    with Controller.connect(cfg(target, io_queues=2, reconnect_delay=0.2)) as c:
+        c.write(0, b"q" * 4096)
+        old = [c._admin, *c._io]
+        c.reconnect()
+        for q in old:
+            c._queue_failed(q, NvmeTransportError("connection closed by the target"))
+        assert c.connected and c.stats.connection_losses == 0
+        assert c.read(0, 4096) == b"q" * 4096
+
+
 def test_keep_alive_keeps_an_idle_association(target):
     with Controller.connect(cfg(target, io_queues=1, kato_ms=1000)) as c:
         time.sleep(2.6)  # > 2 x KATO without I/O: only Keep Alive keeps the controller

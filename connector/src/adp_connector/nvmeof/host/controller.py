@@ -271,6 +271,10 @@ class Controller:
     def _queue_failed(self, queue: QueuePair, error: BaseException) -> None:
         if self._closed:
             return
+        if queue is not self._admin and queue not in self._io:
+            # A queue of an association already torn down, whose reader noticed its end late (a busy host): not a
+            # loss of the current association (counting it tore a fresh association down right after a reconnect).
+            return
         if self._lost is None:
             self._lost = error
             self.stats.connection_losses += 1
