@@ -43,6 +43,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model = str(vm.ensure_model("dense"))
     prompts = vm.prompts(2, PROMPT_LEN, seed=7)
     marker = work / "pass.marker"
+    ready = work / "ready.marker"
     out: dict = {}
     tgt = _target(backing)
     port = tgt.address[1]
@@ -57,10 +58,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     events: dict[str, float] = {}
 
     def saboteur() -> None:
+        while not ready.exists():
+            time.sleep(0.05)
+        # Once the engine is up (and before its first request): every I/O takes 3 s. A restore (9 pages, >= 18 reads
+        # on 4 queues) then needs >= 5 rounds, so it is still in flight 4 s into the pass even if a loaded machine
+        # took seconds to schedule the request. Lookups use the in-memory index: the hit is still offered.
+        holder["tgt"].faults.set_delay(3.0)
         while not marker.exists():
             time.sleep(0.05)
-        holder["tgt"].faults.set_delay(2.0)  # every I/O now takes 2 s: the restore is surely in flight
-        time.sleep(1.0)
+        time.sleep(4.0)
         holder["tgt"].stop()  # killed mid-load
         events["killed"] = time.monotonic()
         time.sleep(3.0)
@@ -72,6 +78,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     try:
         out["warm"] = vm.run_subprocess(
             dict(base, passes=2, reset_between=True, pause_before_pass2=12.0, marker=str(marker),
+                 ready_marker=str(ready), pause_after_ready=1.0,
                  connector=vm.adp_connector(port, retry_interval_s=0.5, load_timeout_s=10.0)), work / "engines")
     finally:
         th.join(30)

@@ -201,6 +201,9 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         kw["kv_transfer_config"] = spec["connector"]
     llm = LLM(**kw)
     t_start = time.monotonic() - t0
+    if spec.get("ready_marker"):  # tells a watching test that the engine is up (and gives it time to act)
+        Path(spec["ready_marker"]).write_text("ready")
+        time.sleep(spec.get("pause_after_ready", 0.0))
     try:
         block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
     except Exception:
