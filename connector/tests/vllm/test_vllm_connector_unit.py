@@ -274,3 +274,70 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
         worker.shutdown()
         sched.shutdown()
         tgt.stop()
+
+
+@native_contract
+@pytest.mark.parametrize("mla", [False, True], ids=["full-attention", "mla"])
+def test_tensor_parallel_ranks_keep_their_own_pages(monkeypatch: pytest.MonkeyPatch, mla: bool) -> None:
+    """TP=2 without GPUs: the scheduler names pages by rank 0's keys; a rank-1 worker stores and restores ITS shard
+    under its own keys (full attention differs per rank), while MLA (identical on every rank) is written once by
+    rank 0 and restored by both."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    import adp_connector.vllm.connector as conn
+
+    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
+    cfg = _vllm_config(tgt.address[1])
+    cfg.parallel_config.tensor_parallel_size = 2
+    spec = (MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.bfloat16) if mla else
+            FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))
+    kvc = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
+    shape = (16, BS, 8) if mla else (16, 2, BS, 8)
+    sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
+    workers, kvs = [], []
+    try:
+        for rank in (0, 1):
+            monkeypatch.setattr(conn, "_tp_rank", lambda rank=rank: rank)
+            w = ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
+            assert w.tp_rank == rank
+            kv = {n: torch.randn(*shape).to(torch.bfloat16) for n in LAYERS}
+            if mla and rank == 1:
+                kv = {n: t.clone() for n, t in kvs[0].items()}  # MLA: the same latent cache on every rank
+            w.register_kv_caches(kv)
+            workers.append(w)
+            kvs.append(kv)
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        r1 = _request("r1", hashes, 13)
+        sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
+        meta = sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4]))
+        assert [b for _, b, _ in meta.saves] == [1, 2, 3]
+        assert bool(meta.block_hashes) is not mla  # hashes travel only for groups that differ per rank
+        for w in workers:
+            _save(w, meta)
+        own = [len(w.link.store._own) for w in workers]
+        assert own == ([3, 0] if mla else [3, 3])  # MLA written once; full attention once per rank
+        if not mla:
+            k0, k1 = (set(w.link.store._own) for w in workers)
+            assert not k0 & k1  # rank 1 keyed its shard under its own keys
+        sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
+        for w in (sched, *workers):
+            w.link.store.refresh()
+        for w in workers:  # scramble the restore targets first
+            for t in w._kv[0]:
+                t[1][5:8] = 0
+        r2 = _request("r2", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)
+        sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([5, 6, 7, 8],)), 12)
+        meta = sched.build_connector_meta(_sched_out("none", 0, []))
+        for w, kv in zip(workers, kvs, strict=True):
+            res = _restore(w, meta, "r2")
+            assert not res.failed_recving
+            for n in LAYERS:
+                assert torch.equal(kv[n][5:8], kv[n][1:4])  # each rank got its own shard back
+        if not mla:
+            assert not torch.equal(kvs[0][LAYERS[0]][5:8], kvs[1][LAYERS[0]][5:8])
+    finally:
+        for w in workers:
+            w.shutdown()
+        sched.shutdown()
+        tgt.stop()

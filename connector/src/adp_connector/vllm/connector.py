@@ -102,6 +102,9 @@ class ADPMetadata(KVConnectorMetadata):
     saves: list[PageRef] = field(default_factory=list)
     # vLLM 0.26: block ids a failed restore reports (get_block_ids_with_load_errors), from the first restored one
     load_blocks: dict[str, list[int]] = field(default_factory=dict)
+    # TP > 1: the block hash behind each key of this step (keys are rank 0's; a worker of another rank derives its
+    # own key for groups that differ per rank)
+    block_hashes: dict[bytes, bytes] = field(default_factory=dict)
 
 
 class ADPWorkerMetadata(KVConnectorWorkerMetadata):
@@ -227,6 +230,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._suspect: set[bytes] = set()  # keys of failed restores: rewrite them even if the index has them
         self._tables = _BlockTables()  # vLLM 0.26 only
         self._meta_load_blocks: dict[str, list[int]] = {}
+        self._meta_hashes: dict[bytes, bytes] = {}  # TP > 1: key -> block hash of the keys planned for this step
         # worker side
         self._kv: dict[int, list[tuple[str, torch.Tensor, int]]] = {}  # group -> [(layer, tensor, bytes/block)]
         self._draft_kv: dict[int, list[torch.Tensor]] = {}
@@ -279,12 +283,28 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 + ((("vllm_kv_abi", "0.26"),) if self._legacy else ()))
         return out
 
-    def _key(self, group: GroupLayout, block_hashes: list, block_idx: int) -> PageKey | None:
-        """Key of ``group``'s block ``block_idx`` (None when its end-boundary hash is not known yet)."""
+    def _key(self, group: GroupLayout, block_hashes: list, block_idx: int, plan: bool = False) -> PageKey | None:
+        """Key of ``group``'s block ``block_idx`` (None when its end-boundary hash is not known yet).
+
+        ``plan``: the key goes to the workers; with TP > 1 its block hash travels along (see :meth:`_rank_key`).
+        """
         k = (block_idx + 1) * group.block_size // self.hash_block_size - 1
         if k >= len(block_hashes):
             return None
-        return self._namespaces[group.group_id].key_for_block_hash(bytes(block_hashes[k]))
+        h = bytes(block_hashes[k])
+        key = self._namespaces[group.group_id].key_for_block_hash(h)
+        if plan and self.tp_size > 1 and not group.tp_replicated:
+            self._meta_hashes[bytes(key)] = h
+        return key
+
+    def _rank_key(self, gid: int, key: bytes, meta: ADPMetadata) -> bytes | None:
+        """This worker's key for a page the scheduler named by rank 0's key (the same key when the group is
+        identical on every rank, or at TP 1). None if the block hash did not come along."""
+        g = self.layouts[gid]
+        if self.tp_size == 1 or self.tp_rank == 0 or g.tp_replicated:
+            return key
+        h = meta.block_hashes.get(key)
+        return None if h is None else bytes(self._namespaces[gid].key_for_block_hash(h))
 
     def _stat(self, **deltas: float) -> None:
         with self._stats_lock:
@@ -358,7 +378,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                     if g.kind in (GroupKind.FULL, GroupKind.MLA, GroupKind.STATE):
                         ok = False
                     continue
-                key = self._key(g, request.block_hashes, j)
+                key = self._key(g, request.block_hashes, j, plan=True)
                 if key is None:
                     ok = False
                     continue
@@ -375,8 +395,15 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's restores (planned at admission) and saves (blocks this step fills)."""
         meta = ADPMetadata(loads=self._meta_loads, zero=self._meta_zero,
-                           load_blocks=self._meta_load_blocks if self._legacy else {})
+                           load_blocks=self._meta_load_blocks if self._legacy else {}, block_hashes=self._meta_hashes)
         self._meta_loads, self._meta_zero, self._meta_load_blocks = {}, {}, {}
+        try:  # the saves planned below add their block hashes to meta.block_hashes (TP > 1)
+            return self._plan_saves(scheduler_output, meta)
+        finally:
+            self._meta_hashes = {}
+
+    def _plan_saves(self, scheduler_output: SchedulerOutput, meta: ADPMetadata) -> ADPMetadata:
+        """Add the blocks this step fills (and the Mamba boundary states it offers) to ``meta.saves``."""
         if self._legacy:
             self._tables.update(scheduler_output)
             bs_state: Any = self._tables
@@ -405,15 +432,15 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 ids = table[g.group_id]
                 upto = min(done // g.block_size, len(ids))
                 for j in range(st.saved_blocks.get(g.group_id, 0), upto):
-                    key = self._key(g, hashes, j)
-                    if ids[j] != 0 and key is not None:
+                    key = self._key(g, hashes, j, plan=True) if ids[j] != 0 else None
+                    if key is not None:
                         cand.append((g.group_id, ids[j], bytes(key)))
                 st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), upto)
             for gid, bid, boundary in offloads.get(rid, ()):
                 g = self.layouts[gid]
                 if not g.persists or g.kind is not GroupKind.STATE or boundary % g.block_size or bid == 0:
                     continue
-                key = self._key(g, hashes, boundary // g.block_size - 1)
+                key = self._key(g, hashes, boundary // g.block_size - 1, plan=True)
                 if key is not None:
                     cand.append((gid, bid, bytes(key)))
         now = time.monotonic()
@@ -562,9 +589,14 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         if not isinstance(meta, ADPMetadata):
             return
         store = self.link.store
-        for rid, pages in meta.loads.items():
+        for rid, planned in meta.loads.items():
+            mine = [(gid, bid, self._rank_key(gid, key, meta)) for gid, bid, key in planned]
+            pages = [(gid, bid, key) for gid, bid, key in mine if key is not None]
             job = _LoadJob(rid, pages, meta.zero.get(rid, []), time.monotonic(), blocks=meta.load_blocks.get(rid, []))
             self._jobs.append(job)
+            if len(pages) != len(planned):
+                job.failed = "a page's block hash is missing for this TP rank"
+                continue
             if self._disabled or store is None or not pages:
                 job.failed = self._disabled or ("target unreachable" if store is None else "nothing restorable")
                 continue
@@ -607,7 +639,9 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             g = self.layouts[gid]
             if g.tp_replicated and self.tp_rank != 0:
                 continue  # identical on every rank: rank 0 writes it
-            by_group[gid].append((gid, bid, key))
+            mine = self._rank_key(gid, key, meta)
+            if mine is not None:
+                by_group[gid].append((gid, bid, mine))
         if store is None:
             self._stat(saves_dropped=sum(len(v) for v in by_group.values()), store_unavailable=1)
             return
