@@ -241,6 +241,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._save_lock = threading.Lock()
         self._failed_save_keys: list[bytes] = []  # reported to the scheduler by build_connector_worker_meta
         self._failed_load_reqs: list[str] = []  # idem (vLLM 0.26)
+        self._save_origin: dict[bytes, bytes] = {}  # TP rank > 0: this rank's key -> the scheduler's, while saving
         self._load_error_blocks: set[int] = set()  # vLLM 0.26: get_block_ids_with_load_errors
         self._audit_lock = threading.Lock()
         self._disabled = ""
@@ -635,6 +636,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             return
         store = self.link.store
         by_group: dict[int, list[PageRef]] = defaultdict(list)
+        origin: dict[bytes, bytes] = {}  # this rank's key -> the scheduler's
         for gid, bid, key in meta.saves:
             g = self.layouts[gid]
             if g.tp_replicated and self.tp_rank != 0:
@@ -642,6 +644,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             mine = self._rank_key(gid, key, meta)
             if mine is not None:
                 by_group[gid].append((gid, bid, mine))
+                if mine != key:
+                    origin[mine] = key
         if store is None:
             self._stat(saves_dropped=sum(len(v) for v in by_group.values()), store_unavailable=1)
             return
@@ -650,9 +654,9 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             pb = self.layouts[gid].page_bytes
             per = max(1, self._pool.slab_bytes // pb)
             for s0 in range(0, len(refs_all), per):
-                self._save_chunk(store, gid, refs_all[s0:s0 + per], pb)
+                self._save_chunk(store, gid, refs_all[s0:s0 + per], pb, origin)
 
-    def _save_chunk(self, store: Any, gid: int, refs: list[PageRef], pb: int) -> None:
+    def _save_chunk(self, store: Any, gid: int, refs: list[PageRef], pb: int, origin: dict[bytes, bytes]) -> None:
         """Stage up to one slab of pages and hand them to the store (the slab returns to the pool when written)."""
         assert self._pool is not None
         nbytes = len(refs) * pb
@@ -677,6 +681,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             return
         with self._save_lock:
             self._save_handles.add(h)
+            self._save_origin.update((k, origin[k]) for k in keys if k in origin)
         h.add_done_callback(lambda hh: self._save_done(hh, buf, nbytes, t0))
 
     def _save_done(self, h: Any, buf: torch.Tensor, nbytes: int, t0: float) -> None:
@@ -689,7 +694,10 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._stat(saves=1, pages_saved=len(ok), bytes_saved=sum(r.nbytes for r in ok),
                    save_s=time.monotonic() - t0, save_errors=len(bad))
         with self._save_lock:
-            self._failed_save_keys.extend(bytes(r.key) for r in bad)
+            # reported by the scheduler's (rank 0) key, which is what it schedules saves by
+            self._failed_save_keys.extend(self._save_origin.get(bytes(r.key), bytes(r.key)) for r in bad)
+            for r in res:
+                self._save_origin.pop(bytes(r.key), None)
             self._pending_save_bytes -= nbytes
             self._save_handles.discard(h)
         if self._pool is not None:
