@@ -44,6 +44,20 @@ def _request(rid: str, hashes: list[bytes], n_tokens: int) -> Any:
                            skip_reading_prefix_cache=False)
 
 
+def _kvc(spec: Any = None, num_blocks: int = 16) -> KVCacheConfig:
+    """One group of LAYERS (full attention unless ``spec``)."""
+    spec = spec or FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16)
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
+
+
+def _target_and_halves() -> tuple[UserspaceTarget, ADPConnector, ADPConnector]:
+    """A fresh userspace target and the scheduler and worker halves of a connector on it (one full-attention
+    group of LAYERS)."""
+    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
+    cfg, kvc = _vllm_config(tgt.address[1]), _kvc()
+    return tgt, ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc), ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
+
+
 def _sched_out(rid: str, n: int, table: list[int]) -> Any:
     state = SimpleNamespace(get_block_ids=lambda r: (table,) if r == rid else None, boundary_state_offloads={})
     return SimpleNamespace(num_scheduled_tokens={rid: n}, scheduled_spec_decode_tokens={},
@@ -75,12 +89,7 @@ def _restore(worker: ADPConnector, meta: Any, rid: str) -> Any:
 
 @pytest.fixture()
 def halves(tmp_path: Any) -> Any:
-    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
-    cfg = _vllm_config(tgt.address[1])
-    kvc = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))])
-    sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
-    worker = ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
+    tgt, sched, worker = _target_and_halves()
     kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
     worker.register_kv_caches(kv)
     yield tgt, sched, worker, kv
@@ -142,8 +151,7 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
 def test_unreachable_target_means_no_cache() -> None:
     cfg = _vllm_config(1)  # nothing listens on port 1
     cfg.kv_transfer_config.kv_connector_extra_config.update(connect_timeout_s=0.2)
-    kvc = KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))])
+    kvc = _kvc(num_blocks=4)
     sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
     try:
         assert sched.link.store is None
@@ -171,12 +179,7 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(conn, "_VLLM_VERSION", "0.26.0")
     monkeypatch.setattr(conn, "_HAS_FAILED_RECVING", False)
-    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
-    cfg = _vllm_config(tgt.address[1])
-    kvc = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))])
-    sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
-    worker = ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
+    tgt, sched, worker = _target_and_halves()
     try:
         assert sched._legacy and worker._legacy
         kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
@@ -234,12 +237,7 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
     import adp_connector.vllm.connector as conn
 
     monkeypatch.setattr(conn, "_SLAB_BYTES", 2 * 256)  # 2 pages of 256 B per slab
-    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
-    cfg = _vllm_config(tgt.address[1])
-    kvc = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))])
-    sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
-    worker = ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
+    tgt, sched, worker = _target_and_halves()
     try:
         kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
         worker.register_kv_caches(kv)
@@ -291,7 +289,7 @@ def test_tensor_parallel_ranks_keep_their_own_pages(monkeypatch: pytest.MonkeyPa
     cfg.parallel_config.tensor_parallel_size = 2
     spec = (MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.bfloat16) if mla else
             FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))
-    kvc = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
+    kvc = _kvc(spec)
     shape = (16, BS, 8) if mla else (16, 2, BS, 8)
     sched = ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc)
     workers, kvs = [], []
