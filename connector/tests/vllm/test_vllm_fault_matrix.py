@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -284,16 +283,6 @@ class Refs:
             elif t != ref:
                 bad.append(f"prompt {i}: cached {n}: {t} != {ref}")
         return bad
-
-
-def _later(fn: Callable[[], Any], delay: float) -> threading.Thread:
-    def run() -> None:
-        time.sleep(delay)
-        fn()
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    return th
 
 
 def _audit_saves(audit: Path) -> int:
