@@ -64,6 +64,14 @@ def _sched_out(rid: str, n: int, table: list[int]) -> Any:
                            kv_connector_block_state=state)
 
 
+def _offered(sched: ADPConnector, rid: str, hashes: list[bytes], n_tokens: int, blocks: list[int], hit: int) -> Any:
+    """A new request the scheduler offers an asynchronous restore of ``hit`` tokens, allocated ``blocks``."""
+    r = _request(rid, hashes, n_tokens)
+    assert sched.get_num_new_matched_tokens(r, 0) == (hit, True)
+    sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (blocks,)), hit)
+    return r
+
+
 def _save(worker: ADPConnector, meta: Any) -> None:
     worker.bind_connector_metadata(meta)
     worker.wait_for_save()
@@ -112,9 +120,7 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
     sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
     sched.link.store.refresh()
     # warm: r2 shares the prefix -> async hit of 12 tokens, restored into blocks 5..7
-    r2 = _request("r2", hashes, 13)
-    assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)
-    sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([5, 6, 7, 8],)), 12)
+    _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
     meta = sched.build_connector_meta(_sched_out("none", 0, []))
     res = _restore(worker, meta, "r2")
     assert not res.failed_recving
@@ -124,9 +130,7 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
     store = worker.link.store
     locs = list(store._own.values())  # test-only: where the pages lie (payload one LBA after the header)
     tgt.faults.corrupt((locs[0].lba + 1) * store.geometry.lba_size + 16, 8)
-    r3 = _request("r3", hashes, 13)
-    assert sched.get_num_new_matched_tokens(r3, 0) == (12, True)
-    sched.update_state_after_alloc(r3, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 12)
+    r3 = _offered(sched, "r3", hashes, 13, [9, 10, 11, 12], hit=12)
     res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r3")
     assert res.failed_recving == {"r3"}
     assert worker._stats["verify_failures"] >= 1 and worker._stats["load_fallbacks"] == 1
@@ -139,9 +143,7 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
     _save(worker, meta)
     sched.request_finished_all_groups(r3, ([9, 10, 11, 12],))
     sched.link.store.refresh()
-    r4 = _request("r4", hashes, 13)
-    assert sched.get_num_new_matched_tokens(r4, 0) == (12, True)
-    sched.update_state_after_alloc(r4, SimpleNamespace(get_block_ids=lambda: ([13, 14, 15, 8],)), 12)
+    _offered(sched, "r4", hashes, 13, [13, 14, 15, 8], hit=12)
     assert not _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r4").failed_recving
     for n in LAYERS:
         assert torch.equal(kv[n][13:16], kv[n][1:4])
@@ -200,9 +202,7 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
         assert sched._tables.get_block_ids("r1") is None  # forgotten with the request
         sched.link.store.refresh()
         # warm restore, then a corrupted page
-        r2 = _request("r2", hashes, 13)
-        assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)
-        sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([5, 6, 7, 8],)), 12)
+        _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
         res = _restore(worker, sched.build_connector_meta(_legacy_sched_out({}, {})), "r2")
         assert not res.failed_recving and worker.get_block_ids_with_load_errors() == set()
         for n in LAYERS:
@@ -210,9 +210,7 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
         store = worker.link.store
         locs = list(store._own.values())
         tgt.faults.corrupt((locs[0].lba + 1) * store.geometry.lba_size + 16, 8)
-        r3 = _request("r3", hashes, 13)
-        assert sched.get_num_new_matched_tokens(r3, 0) == (12, True)
-        sched.update_state_after_alloc(r3, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 12)
+        r3 = _offered(sched, "r3", hashes, 13, [9, 10, 11, 12], hit=12)
         res = _restore(worker, sched.build_connector_meta(_legacy_sched_out({}, {})), "r3")
         assert "r3" in res.finished_recving
         assert worker.get_block_ids_with_load_errors() == {9, 10, 11}  # the scheduler recomputes from block 9
@@ -250,9 +248,7 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
         _save(worker, meta)
         sched.request_finished_all_groups(r1, ([1, 2, 3, 4, 5, 6],))
         sched.link.store.refresh()
-        r2 = _request("r2", hashes, 21)
-        assert sched.get_num_new_matched_tokens(r2, 0) == (20, True)
-        sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([7, 8, 9, 10, 11, 12],)), 20)
+        _offered(sched, "r2", hashes, 21, [7, 8, 9, 10, 11, 12], hit=20)
         worker.bind_connector_metadata(sched.build_connector_meta(_sched_out("none", 0, [])))
         worker.start_load_kv(None)
         assert [len(ch.idxs) for ch in worker._jobs[0].chunks] == [2, 2, 1]
@@ -323,9 +319,7 @@ def test_tensor_parallel_ranks_keep_their_own_pages(monkeypatch: pytest.MonkeyPa
         for w in workers:  # scramble the restore targets first
             for t in w._kv[0]:
                 t[1][5:8] = 0
-        r2 = _request("r2", hashes, 13)
-        assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)
-        sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([5, 6, 7, 8],)), 12)
+        _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
         meta = sched.build_connector_meta(_sched_out("none", 0, []))
         for w, kv in zip(workers, kvs, strict=True):
             res = _restore(w, meta, "r2")
