@@ -333,3 +333,22 @@ def test_tensor_parallel_ranks_keep_their_own_pages(monkeypatch: pytest.MonkeyPa
             w.shutdown()
         sched.shutdown()
         tgt.stop()
+
+
+def test_restore_into_a_strided_kv_layout() -> None:
+    """GPU backends hand the connector permuted views (vLLM 0.26 FlashAttention: logical (B, H, N, 2D) over an
+    NHD buffer): a page gathered from such a view and scattered back lands byte for byte."""
+    tgt, sched, worker = _target_and_halves()
+    try:
+        phys = {n: torch.randn(16, BS, 2, 8).to(torch.bfloat16) for n in LAYERS}  # (B, N, H, D) in memory
+        kv = {n: t.permute(0, 2, 1, 3) for n, t in phys.items()}  # logical (B, H, N, D): t[0] not contiguous
+        assert not kv[LAYERS[0]][0].is_contiguous()
+        worker.register_kv_caches(kv)
+        pages = worker._gather(0, [1, 2, 3])
+        worker._scatter(0, [9, 10, 11], pages)
+        for n in LAYERS:
+            assert torch.equal(kv[n][9:12], kv[n][1:4]) and torch.equal(phys[n][9:12], phys[n][1:4])
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()

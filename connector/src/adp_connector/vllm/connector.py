@@ -575,7 +575,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         n = len(block_ids)
         for _, t, nb in self._kv[gid]:
             per_block = t[0].numel() * t.element_size()
-            if nb == per_block and t[0].is_contiguous():
+            if nb == per_block:  # page bytes are the block in logical order (_gather); index_copy_ takes any strides
                 t.index_copy_(0, ids, src[:, off:off + nb].contiguous().view(t.dtype).reshape(n, *t.shape[1:]))
             else:  # a padded page: only the real bytes are stored
                 cur = t.index_select(0, ids).contiguous()
