@@ -1,6 +1,7 @@
 """GPU restart experiment: TTFT of long prompts cold vs restored from the card after an engine restart.
 
     python scripts/gpu/restart_ttft.py --out DIR [--lengths 8000,32000,100000,200000] [--shape llama8b]
+        [--decode-tokens 256 --decode-context 32000] [--tp 2]
 
 Three engine launches (vLLM offline ``LLM``, dummy weights of the given shape, one prompt per length, each prompt
 distinct): ``baseline`` (no connector: every prompt is a full prefill), ``adp-cold`` (connector on an empty card:
@@ -8,6 +9,8 @@ full prefill + saves) and, after the engine process exits, ``adp-warm`` (a new e
 from the card). TTFT is the wall time of a 1-token ``generate`` of one prompt (prefill + first token, no queueing).
 The target is started here (userspace, ``/dev/shm`` backing, formatted with 2 writer partitions so one engine may
 hold the whole run). Results go to ``DIR/restart.json`` after every phase (a partial run still reports).
+``--decode-tokens`` adds, in every arm, the decode speed of one long prompt (after its prefill/restore, timed on its
+own): the connector's cost per decode step, with new blocks being saved meanwhile (adp-cold).
 """
 
 from __future__ import annotations
@@ -110,6 +113,19 @@ def engine_main(spec_path: str) -> None:
         Path(spec["result"]).write_text(json.dumps({"start_s": start_s, "rows": rows, "partial": True}))
         if spec.get("drain_s_per_gb"):  # let this prompt's saves reach the card before the next one is timed
             time.sleep(len(p) * spec["kv_bytes_per_token"] / 1e9 * spec["drain_s_per_gb"])
+    decode = {}
+    if spec.get("decode_tokens"):  # decode speed at a long context (saves of new blocks run meanwhile)
+        dp = [TokensPrompt(prompt_token_ids=spec["decode_prompt"])]
+        llm.generate(dp, sp, use_tqdm=False)  # prefill (or restore) it; the timed pass below hits the GPU cache
+        time.sleep(len(spec["decode_prompt"]) * spec["kv_bytes_per_token"] / 1e9 * spec.get("drain_s_per_gb", 0))
+        n = spec["decode_tokens"]
+        t = time.monotonic()
+        out = llm.generate(dp, SamplingParams(max_tokens=n, temperature=0, detokenize=False, ignore_eos=True),
+                           use_tqdm=False)[0]
+        dt = time.monotonic() - t
+        decode = {"context": len(spec["decode_prompt"]), "tokens": len(out.outputs[0].token_ids), "s": round(dt, 3),
+                  "tok_s": round(len(out.outputs[0].token_ids) / dt, 2)}
+        print(f"[{spec['tag']}] decode {decode}", flush=True)
     adp = {}
     try:
         for m in llm.get_metrics():
@@ -117,7 +133,7 @@ def engine_main(spec_path: str) -> None:
                 adp[m.name] = float(getattr(m, "value", 0) or 0)
     except Exception as exc:  # metrics are informative only
         adp["error"] = repr(exc)
-    Path(spec["result"]).write_text(json.dumps({"start_s": start_s, "rows": rows, "metrics": adp}))
+    Path(spec["result"]).write_text(json.dumps({"start_s": start_s, "rows": rows, "decode": decode, "metrics": adp}))
     llm.llm_engine.engine_core.shutdown()
 
 
@@ -194,6 +210,9 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="arms to sample with py-spy (raw stacks beside the results)")
     ap.add_argument("--model-only", action="store_true", help="write the model config under --out, print its path")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs per engine)")
+    ap.add_argument("--decode-tokens", type=int, default=0,
+                    help="also time this many decode steps of one --decode-context prompt in every arm (0: no)")
+    ap.add_argument("--decode-context", type=int, default=32000)
     ap.add_argument("--gpu-gb", type=float, default=141.0, help="memory per GPU, for --dry-run's fit check")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the plan (TP divisibility, memory per GPU, card size) and print it; start nothing")
@@ -218,14 +237,17 @@ def main() -> None:
         if plan["problems"]:
             raise SystemExit("dry run: " + "; ".join(plan["problems"]))
         return
-    model = write_model(out, a.shape, max(lengths) + 64)
+    model = write_model(out, a.shape, max([*lengths, a.decode_context]) + a.decode_tokens + 64)
     report: dict[str, Any] = {"shape": a.shape, "kv_bytes_per_token": kv_per_token, "lengths": lengths, "arms": {}}
     connector = {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                  "kv_connector_module_path": "adp_connector.vllm.connector",
                  "kv_connector_extra_config": {"trsvcid": a.port, "io_queues": 8, "io_threads": 4,
-                                               "max_pending_save_mb": 32768, "load_timeout_s": 300.0}}
-    base = {"model": str(model), "max_model_len": max(lengths) + 64, "kv_cache_bytes": int(a.kv_cache_gb * 2**30),
-            "prompts": prompts, "kv_bytes_per_token": kv_per_token, "tp": a.tp}
+                                               "max_pending_save_mb": 32768, "staging_mb": 16384,
+                                               "load_timeout_s": 300.0}}
+    base = {"model": str(model), "max_model_len": max([*lengths, a.decode_context]) + a.decode_tokens + 64,
+            "kv_cache_bytes": int(a.kv_cache_gb * 2**30), "prompts": prompts, "kv_bytes_per_token": kv_per_token,
+            "tp": a.tp, "decode_tokens": a.decode_tokens,
+            "decode_prompt": [rng.randrange(1000, 120000) for _ in range(a.decode_context)] if a.decode_tokens else []}
     tgt = None
     try:
         for arm in a.arms.split(","):
@@ -252,6 +274,11 @@ def main() -> None:
             print(f"{b['tokens']:>7} tokens: baseline {b['ttft_s']:.2f} s, warm {w['ttft_s']:.2f} s "
                   f"({w['ttft_s'] / b['ttft_s']:.2f}x), restored {w['num_cached']} tokens = {gb:.1f} GB "
                   f"-> {w['num_cached'] * kv_per_token / 1e9 / w['ttft_s']:.1f} GB/s end to end")
+    dec = {k: v.get("decode") for k, v in arms.items() if v.get("decode")}
+    if "baseline" in dec:
+        for k, d in dec.items():
+            print(f"decode at {d['context']} tokens, {k}: {d['tok_s']:.1f} tok/s "
+                  f"({d['tok_s'] / dec['baseline']['tok_s']:.3f}x baseline)")
     (out / "restart.json").write_text(json.dumps(report, indent=1))
 
 

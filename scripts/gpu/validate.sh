@@ -26,6 +26,9 @@ case "$what" in
   correctness)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
     python3 -c "import vllm, torch, adp_connector.vllm.connector as c; print('vllm', vllm.__version__, 'torch', torch.__version__, 'legacy', c._check_vllm_version(vllm.__version__))" 2>&1 | tail -1 | tee "$out/versions.txt"
+    # the connector's GPU data path (side-stream copies, pinned shared staging, permuted KV views) on this GPU
+    timeout 120 python3 -m pytest -q -p no:cacheprovider "$root/connector/tests/vllm/test_vllm_connector_unit.py" \
+      -k "gpu or strided" 2>&1 | tail -4 | tee "$out/gpu-unit.txt"
     timeout 330 python3 -m adp_testbed.cli verify --family dense --json > "$out/verify-dense.json" 2> "$out/verify-dense.log"
     echo "verify dense rc=$?"; cat "$out/verify-dense.json"; tail -5 "$out/verify-dense.log"
     [ "${DATAPATH:-1}" = 0 ] && exit 0

@@ -6,6 +6,7 @@ the userspace target are real. Seconds, not minutes: the engine-level behaviour 
 
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -27,10 +28,11 @@ native_contract = pytest.mark.skipif(not _HAS_FAILED_RECVING, reason="vLLM >= 0.
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 
 
-def _vllm_config(port: int) -> Any:
+def _vllm_config(port: int, io_process: bool = True) -> Any:
     return SimpleNamespace(
         kv_transfer_config=SimpleNamespace(
-            kv_connector_extra_config={"trsvcid": port, "refresh_interval_s": 0, "retry_interval_s": 0.2},
+            kv_connector_extra_config={"trsvcid": port, "refresh_interval_s": 0, "retry_interval_s": 0.2,
+                                       "io_process": io_process},
             kv_load_failure_policy="recompute", is_kv_producer=True),
         parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
         model_config=SimpleNamespace(model="unit-model", revision=None, dtype="bfloat16",
@@ -50,11 +52,11 @@ def _kvc(spec: Any = None, num_blocks: int = 16) -> KVCacheConfig:
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
 
 
-def _target_and_halves() -> tuple[UserspaceTarget, ADPConnector, ADPConnector]:
+def _target_and_halves(io_process: bool = True) -> tuple[UserspaceTarget, ADPConnector, ADPConnector]:
     """A fresh userspace target and the scheduler and worker halves of a connector on it (one full-attention
-    group of LAYERS)."""
+    group of LAYERS; the worker's page I/O in a helper process unless ``io_process`` is False)."""
     tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
-    cfg, kvc = _vllm_config(tgt.address[1]), _kvc()
+    cfg, kvc = _vllm_config(tgt.address[1], io_process), _kvc()
     return tgt, ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc), ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
 
 
@@ -77,9 +79,9 @@ def _save(worker: ADPConnector, meta: Any) -> None:
     worker.wait_for_save()
     worker.clear_connector_metadata()
     deadline = time.monotonic() + 20
-    while worker._save_handles and time.monotonic() < deadline:
+    while worker._pending_save_bytes and time.monotonic() < deadline:  # staged, queued or being written
         time.sleep(0.02)
-    assert not worker._save_handles
+    assert not worker._pending_save_bytes and not worker._save_handles
 
 
 def _restore(worker: ADPConnector, meta: Any, rid: str) -> Any:
@@ -95,9 +97,17 @@ def _restore(worker: ADPConnector, meta: Any, rid: str) -> Any:
     raise AssertionError("restore never finished")
 
 
-@pytest.fixture()
-def halves(tmp_path: Any) -> Any:
-    tgt, sched, worker = _target_and_halves()
+def _corrupt_first_page(tgt: UserspaceTarget, sched: ADPConnector) -> None:
+    """Flip payload bytes of one saved page on the target (found through the scheduler's index of the worker's
+    partition, as of its last refresh; the payload starts one LBA after the header)."""
+    store = sched.link.store
+    locs = list(store._foreign.values())  # test-only
+    tgt.faults.corrupt((locs[0].lba + 1) * store.geometry.lba_size + 16, 8)
+
+
+@pytest.fixture(params=[True, False], ids=["io-process", "in-process"])
+def halves(request: pytest.FixtureRequest) -> Any:
+    tgt, sched, worker = _target_and_halves(request.param)
     kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
     worker.register_kv_caches(kv)
     yield tgt, sched, worker, kv
@@ -127,9 +137,7 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
     for n in LAYERS:
         assert torch.equal(kv[n][5:8], kv[n][1:4])
     # a corrupted page: r3's restore fails verification -> failed_recving, no second offer, pages rewritten
-    store = worker.link.store
-    locs = list(store._own.values())  # test-only: where the pages lie (payload one LBA after the header)
-    tgt.faults.corrupt((locs[0].lba + 1) * store.geometry.lba_size + 16, 8)
+    _corrupt_first_page(tgt, sched)
     r3 = _offered(sched, "r3", hashes, 13, [9, 10, 11, 12], hit=12)
     res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r3")
     assert res.failed_recving == {"r3"}
@@ -207,9 +215,7 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
         assert not res.failed_recving and worker.get_block_ids_with_load_errors() == set()
         for n in LAYERS:
             assert torch.equal(kv[n][5:8], kv[n][1:4])
-        store = worker.link.store
-        locs = list(store._own.values())
-        tgt.faults.corrupt((locs[0].lba + 1) * store.geometry.lba_size + 16, 8)
+        _corrupt_first_page(tgt, sched)
         r3 = _offered(sched, "r3", hashes, 13, [9, 10, 11, 12], hit=12)
         res = _restore(worker, sched.build_connector_meta(_legacy_sched_out({}, {})), "r3")
         assert "r3" in res.finished_recving
@@ -281,7 +287,7 @@ def test_tensor_parallel_ranks_keep_their_own_pages(monkeypatch: pytest.MonkeyPa
     import adp_connector.vllm.connector as conn
 
     tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
-    cfg = _vllm_config(tgt.address[1])
+    cfg = _vllm_config(tgt.address[1], io_process=False)  # the test reads each worker store's own index
     cfg.parallel_config.tensor_parallel_size = 2
     spec = (MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.bfloat16) if mla else
             FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=4, dtype=torch.bfloat16))
@@ -348,6 +354,137 @@ def test_restore_into_a_strided_kv_layout() -> None:
         worker._scatter(0, [9, 10, 11], pages)
         for n in LAYERS:
             assert torch.equal(kv[n][9:12], kv[n][1:4]) and torch.equal(phys[n][9:12], phys[n][1:4])
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@native_contract
+def test_a_dead_store_process_fails_its_restore_and_is_replaced() -> None:
+    """The worker's I/O helper killed with a restore in flight: that restore fails (-> recompute), the link starts
+    a new helper, and the next restore of the same pages works."""
+    from adp_connector.store.process import StoreProcess
+
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        first = worker.link.store
+        assert isinstance(first, StoreProcess) and first.pid != os.getpid()
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        r1 = _request("r1", hashes, 13)
+        sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
+        _save(worker, sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4])))
+        sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
+        sched.link.store.refresh()
+        _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
+        tgt.faults.set_delay(3.0)  # the restore is in flight when the helper dies
+        worker.bind_connector_metadata(sched.build_connector_meta(_sched_out("none", 0, [])))
+        worker.start_load_kv(None)
+        time.sleep(0.3)
+        first.kill()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            res = worker.get_transfer_results(set())
+            if res.finished_recving:
+                break
+            time.sleep(0.02)
+        worker.clear_connector_metadata()
+        assert res.failed_recving == {"r2"} and worker._stats["load_fallbacks"] == 1
+        tgt.faults.set_delay(0.0)
+        second = worker.link.wait_ready(20)
+        assert isinstance(second, StoreProcess) and second is not first and second.alive
+        assert worker.link.process_restarts == 1
+        _offered(sched, "r3", hashes, 13, [9, 10, 11, 12], hit=12)
+        assert not _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r3").failed_recving
+        for n in LAYERS:
+            assert torch.equal(kv[n][9:12], kv[n][1:4])
+    finally:
+        tgt.faults.set_delay(0.0)
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs in scripts/gpu/validate.sh)")
+@pytest.mark.parametrize("io_process", [True, False], ids=["io-process", "in-process"])
+def test_gpu_pages_cross_on_side_streams(io_process: bool) -> None:
+    """On a GPU, saves are gathered on the compute stream and copied to pinned staging on a side stream, restores
+    copied and scattered on another: a block overwritten right after ``wait_for_save`` returns is saved as it was,
+    and pages restored into a permuted (FlashAttention-style) view land byte for byte."""
+    from adp_connector.vllm.connector import ADPMetadata
+
+    tgt, sched, worker = _target_and_halves(io_process)
+    try:
+        phys = {n: torch.randn(16, BS, 2, 8, device="cuda").to(torch.bfloat16) for n in LAYERS}
+        kv = {n: t.permute(0, 2, 1, 3) for n, t in phys.items()}
+        worker.register_kv_caches(kv)
+        assert worker._pool is not None and worker._pool.pinned
+        keys = [bytes([i]) * 32 for i in (1, 2, 3)]
+        expected = {n: kv[n][1:4].clone() for n in LAYERS}
+        torch.cuda._sleep(200_000_000)  # keep the compute stream busy: the gather and copy must queue behind it
+        worker.bind_connector_metadata(ADPMetadata(saves=[(0, b, k) for b, k in zip((1, 2, 3), keys, strict=True)]))
+        worker.wait_for_save()
+        for n in LAYERS:
+            kv[n][1:4] = 0  # queued after the gather on the compute stream: the saved pages must not see it
+        worker.clear_connector_metadata()
+        deadline = time.monotonic() + 20
+        while worker._pending_save_bytes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not worker._pending_save_bytes and worker._stats["pages_saved"] == 3
+        res = _restore(worker, ADPMetadata(loads={"r": [(0, b, k) for b, k in zip((5, 6, 7), keys, strict=True)]}),
+                       "r")
+        assert not res.failed_recving
+        torch.cuda.synchronize()
+        for n in LAYERS:
+            assert torch.equal(kv[n][5:8], expected[n])
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@native_contract
+@pytest.mark.parametrize("io_process", [True, False], ids=["io-process", "in-process"])
+def test_a_restore_larger_than_the_staging_memory_streams_through_it(monkeypatch: pytest.MonkeyPatch,
+                                                                     io_process: bool) -> None:
+    """One staging slab of two pages, a restore of three: the second batch waits for the slab and the restore
+    completes; with the I/O helper, a save that finds no free slab is dropped (counted), not sent over its socket."""
+    import adp_connector.vllm.connector as conn
+
+    monkeypatch.setattr(conn, "_SLAB_BYTES", 512)  # 2 pages (2 layers x 128 B each)
+    tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
+    cfg = _vllm_config(tgt.address[1], io_process)
+    cfg.kv_transfer_config.kv_connector_extra_config["staging_mb"] = 0
+    sched, worker = ADPConnector(cfg, KVConnectorRole.SCHEDULER, _kvc()), ADPConnector(cfg, KVConnectorRole.WORKER,
+                                                                                       _kvc())
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        assert worker._pool is not None and worker._pool.max_slabs == 1 and worker._pool.slab_bytes == 512
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        r1 = _request("r1", hashes, 13)
+        sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
+        _save(worker, sched.build_connector_meta(_sched_out("r1", 8, [1, 2, 3, 4])))  # two prefill chunks
+        r1.num_computed_tokens = 8
+        _save(worker, sched.build_connector_meta(_sched_out("r1", 5, [1, 2, 3, 4])))
+        assert worker._stats["pages_saved"] == 3
+        sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
+        sched.link.store.refresh()
+        _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
+        res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r2")
+        assert not res.failed_recving and worker._stats["pages_loaded"] == 3  # two batches through one slab
+        for n in LAYERS:
+            assert torch.equal(kv[n][5:8], kv[n][1:4])
+        assert worker._pool.temporary == 0
+        if io_process:
+            held = worker._pool.take(1)  # every slab busy: a save has nowhere to stage
+            worker.bind_connector_metadata(conn.ADPMetadata(saves=[(0, 9, b"z" * 32)]))
+            worker.wait_for_save()
+            worker.clear_connector_metadata()
+            assert worker._stats["saves_dropped"] == 1 and worker._pending_save_bytes == 0
+            worker._pool.give(held)
     finally:
         worker.shutdown()
         sched.shutdown()

@@ -32,3 +32,21 @@ def test_slabs_are_reused_up_to_the_cap() -> None:
 def test_bad_slab_size_is_refused() -> None:
     with pytest.raises(ValueError):
         StagingPool(slab_bytes=0, max_bytes=1, pinned=False)
+
+
+def test_slabs_are_carved_from_a_shared_arena() -> None:
+    from adp_connector.store.process import SharedArena
+
+    arena = SharedArena(3 * 1024 + 100)
+    t = torch.frombuffer(arena.map, dtype=torch.int8)
+    pool = StagingPool(slab_bytes=1024, max_bytes=0, pinned=False, arena=t)
+    assert pool.max_slabs == 3
+    slabs = [pool.take(1024) for _ in range(3)]
+    assert [arena.locate(s.numpy()) for s in slabs] == [(0, 1024), (1024, 1024), (2048, 1024)]
+    extra = pool.take(8)  # the arena is used up: a temporary buffer outside it
+    assert arena.locate(extra.numpy()) is None and pool.temporary == 1
+    pool.forget(slabs[0])  # still written by the helper: that region is never handed out again
+    assert arena.locate(pool.take(8).numpy()) is None
+    pool.give(slabs[1])
+    assert pool.take(10).data_ptr() == slabs[1].data_ptr()
+    del slabs, extra, t

@@ -4,6 +4,10 @@
 background thread (re)connects every ``retry_interval_s`` while the target is unreachable; meanwhile ``store`` is
 None and the connector acts as "no cache". Once up, the controller reconnects by itself after a drop (I/O raises
 ``DeviceUnavailable`` meanwhile, which the callers turn into misses / dropped saves).
+
+Given an ``arena`` (the worker side, option ``io_process``), the controller and store live in a helper process
+(:class:`~adp_connector.store.process.StoreProcess`) that moves pages in and out of the arena; if that process
+dies, ``store`` turns None and the link starts another.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 
 from ..nvmeof.host import Controller, HostConfig
 from ..store import PageStore, StoreConfig
+from ..store.process import SharedArena, StoreProcess
 from .config import ADPConfig
 
 log = logging.getLogger("vllm.adp_kv.backend")
@@ -24,26 +29,31 @@ class StoreLink:
     """A page store on the configured target, opened in the background."""
 
     def __init__(self, cfg: ADPConfig, *, writer: bool, identity: str, partition: int | None,
-                 label: str) -> None:
+                 label: str, arena: SharedArena | None = None) -> None:
         self.cfg = cfg
+        self.arena = arena
         self._writer = writer
         self._writer_id = hashlib.blake2b(identity.encode(), digest_size=16).digest()
         self._partition = partition
         self._label = label
         self._lock = threading.Lock()
         self._ctrl: Controller | None = None
-        self._store: PageStore | None = None
+        self._store: PageStore | StoreProcess | None = None
         self._stop = threading.Event()
         self.last_error: str = ""
-        self._thread = threading.Thread(target=self._run, name=f"adpkv-link-{label}", daemon=True)
+        self.process_restarts = 0
+        self._start_thread()
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"adpkv-link-{self._label}", daemon=True)
         self._thread.start()
 
     @property
-    def store(self) -> PageStore | None:
+    def store(self) -> PageStore | StoreProcess | None:
         """The open store, or None while the target is unreachable."""
         return self._store
 
-    def wait_ready(self, timeout: float) -> PageStore | None:
+    def wait_ready(self, timeout: float) -> PageStore | StoreProcess | None:
         """Wait up to ``timeout`` seconds for the store (tests, start-up)."""
         deadline = time.monotonic() + timeout
         while self._store is None and time.monotonic() < deadline and not self._stop.is_set():
@@ -55,22 +65,40 @@ class StoreLink:
         hc = HostConfig(traddr=c.traddr, trsvcid=c.trsvcid, subnqn=c.subnqn, io_queues=c.io_queues,
                         queue_depth=c.queue_depth, connect_timeout=max(c.connect_timeout_s, 0.1),
                         command_timeout=max(c.load_timeout_s, 1.0), reconnect_delay=max(c.retry_interval_s, 0.1))
-        ctrl = Controller.connect(hc)
-        try:
-            sc = StoreConfig(writer=self._writer, writer_id=self._writer_id, writer_label=self._label,
-                             preferred_partition=self._partition, verify=c.verify,
-                             refresh_interval_s=c.refresh_interval_s, io_threads=c.io_threads,
-                             max_io_bytes=c.max_io_kib << 10, io_timeout_s=max(c.load_timeout_s, 1.0))
-            store = PageStore(ctrl, sc)
-        except BaseException:
-            ctrl.close()
-            raise
+        sc = StoreConfig(writer=self._writer, writer_id=self._writer_id, writer_label=self._label,
+                         preferred_partition=self._partition, verify=c.verify,
+                         refresh_interval_s=c.refresh_interval_s, io_threads=c.io_threads,
+                         max_io_bytes=c.max_io_kib << 10, io_timeout_s=max(c.load_timeout_s, 1.0))
+        store: PageStore | StoreProcess
+        ctrl: Controller | None = None
+        if self.arena is not None:
+            store = StoreProcess.start(Controller.connect, (hc,), sc, self.arena, on_exit=self._process_exited,
+                                       timeout=2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10)
+        else:
+            ctrl = Controller.connect(hc)
+            try:
+                store = PageStore(ctrl, sc)
+            except BaseException:
+                ctrl.close()
+                raise
         with self._lock:
             if self._stop.is_set():
                 store.close()
-                ctrl.close()
+                if ctrl is not None:
+                    ctrl.close()
                 return
             self._ctrl, self._store = ctrl, store
+
+    def _process_exited(self, reason: str) -> None:
+        """The store's helper process went away: serve without the cache and start another one."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._store = None
+            self.process_restarts += 1
+            self.last_error = reason
+        log.warning("ADP KV: %s; serving without the cache until a new store process is up", reason)
+        self._start_thread()
 
     def _run(self) -> None:
         warned = False

@@ -35,9 +35,10 @@ class ADPConfig:
     load_timeout_s: float = 30.0
     refresh_interval_s: float = 1.0
     max_pending_save_mb: int = 4096
-    staging_mb: int = 2048
+    staging_mb: int = 4096
     min_hit_blocks: int = 1
     io_threads: int = 2
+    io_process: bool = True
     max_io_kib: int = 0
     audit_path: str | None = None
 
@@ -60,10 +61,13 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "load_timeout_s": ((int, float), "a restore not done in this time fails (-> recompute)"),
     "refresh_interval_s": ((int, float), "scheduler: re-read other writers' slot tables this often (0: never)"),
     "max_pending_save_mb": ((int,), "staged bytes of saves in flight; beyond it new saves are dropped (counted)"),
-    "staging_mb": ((int,), "host staging slabs kept for page I/O (pinned when the KV cache is on a GPU); I/O "
-                   "beyond it uses temporary unpinned buffers"),
+    "staging_mb": ((int,), "host staging memory for page I/O (pinned when the KV cache is on a GPU; shared with the "
+                   "I/O helper): restores stream through it; with io_process a save finding it full is dropped "
+                   "(counted), without it uses a temporary unpinned buffer"),
     "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
     "io_threads": ((int,), "concurrent store batches per process"),
+    "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
+                   "staging memory, off the engine process's interpreter lock; false: in the engine process"),
     "max_io_kib": ((int,), "split device commands at this size (0: the controller's MDTS)"),
     "audit_path": ((str, type(None)), "test/acceptance only: directory where every saved and restored page's "
                    "digest and the connector counters are recorded"),

@@ -28,9 +28,10 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ..store import KeyNamespace, PageKey, PageStatus
+from ..store.process import SharedArena
 from .backend import StoreLink
 from .config import ADPConfig, parse_config
 from .layouts import GroupKind, GroupLayout, best_hit, describe_groups, drafter_layer_names
@@ -90,6 +92,7 @@ log = logging.getLogger("vllm.adp_kv.connector")  # under "vllm": shown by vLLM'
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 _RECENT_SAVES = 65536  # keys remembered as "being saved" until the store index shows them
 _SLAB_BYTES = 64 << 20  # staging slab: one store batch of pages (loads and saves are split at this size)
+_D2H_INFLIGHT_BYTES = 1 << 30  # GPU memory of gathered save pages waiting for their device -> host copy
 _RECENT_SAVE_TTL_S = 10.0  # > a save's write + the scheduler index refresh (1 s): then failed saves are retried
 
 
@@ -132,9 +135,10 @@ class _LoadChunk:
 
     gid: int
     idxs: list[int]  # indices into the job's pages
-    buf: torch.Tensor  # staging slab (flat int8)
-    handle: Any = None
+    buf: torch.Tensor | None = None  # staging slab (flat int8) while the chunk holds one
+    handle: Any = None  # the store batch, once submitted
     applied: bool = False
+    copied: Any = None  # GPU: event of the host -> device copy (the slab is busy and the pages not in place before)
 
 
 @dataclass
@@ -214,9 +218,13 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         ident = (f"{self._model_id}|{self.cfg.namespace_extra}|tp{self.tp_rank}/{self.tp_size}|pp{self.pp_rank}"
                  f"|{engine_id}")
         self._is_worker = role == KVConnectorRole.WORKER
+        # Worker: page I/O in a helper process that shares the staging memory (the arena), off this process's GIL.
+        self._arena = (SharedArena(max(self.cfg.staging_mb << 20, _SLAB_BYTES))
+                       if self._is_worker and self.cfg.io_process else None)
         self.link = StoreLink(self.cfg, writer=self._is_worker and self.cfg.save, identity=ident,
                               partition=self.tp_rank if self._is_worker else None,
-                              label=f"{'worker' if self._is_worker else 'scheduler'}-tp{self.tp_rank}-{os.getpid()}")
+                              label=f"{'worker' if self._is_worker else 'scheduler'}-tp{self.tp_rank}-{os.getpid()}",
+                              arena=self._arena)
         # scheduler side
         self._reqs: dict[str, _Req] = {}
         self._pending_hit: dict[str, int] = {}
@@ -236,8 +244,14 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self._draft_kv: dict[int, list[torch.Tensor]] = {}
         self._jobs: list[_LoadJob] = []
         self._pool: StagingPool | None = None  # created with the KV caches (pinned when they are on a GPU)
-        self._pending_save_bytes = 0
+        self._pending_save_bytes = 0  # staged save bytes not yet written (or failed)
         self._save_handles: set[Any] = set()
+        self._save_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # staged slabs -> the submitter thread
+        self._submitter: threading.Thread | None = None
+        self._d2h_stream: Any = None  # GPU: the side stream of save copies
+        self._h2d_stream: Any = None  # GPU: the side stream of restore copies
+        self._d2h_inflight: deque[tuple[Any, int]] = deque()  # (copy event, bytes) of save copies queued
+        self._d2h_inflight_bytes = 0
         self._save_lock = threading.Lock()
         self._failed_save_keys: list[bytes] = []  # reported to the scheduler by build_connector_worker_meta
         self._failed_load_reqs: list[str] = []  # idem (vLLM 0.26)
@@ -539,40 +553,70 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             devs = [rows[0][1].device for rows in self._kv.values() if rows]
             if biggest:
                 slab = max(biggest, _SLAB_BYTES // biggest * biggest)
+                arena = torch.frombuffer(self._arena.map, dtype=torch.int8) if self._arena is not None else None
                 self._pool = StagingPool(slab, self.cfg.staging_mb << 20,
-                                         pinned=bool(devs) and devs[0].type == "cuda")
+                                         pinned=bool(devs) and devs[0].type == "cuda", arena=arena)
         except ValueError as exc:
             self._disabled = str(exc)
             log.error("ADP KV: cache disabled: %s", exc)
 
     def _gather(self, gid: int, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
-        """Pages of ``block_ids`` in group ``gid`` as one host int8 tensor ``[n, page_bytes]`` (into ``out``).
+        """Pages of ``block_ids`` in group ``gid`` as one host int8 tensor ``[n, page_bytes]`` (into ``out``),
+        synchronously. On a GPU the page rows are assembled on the device and cross PCIe in one copy."""
+        rows = self._kv[gid]
+        dev = rows[0][1].device
+        if out is None:
+            page = sum(b for _, _, b in rows)
+            out = torch.empty((len(block_ids), page), dtype=torch.int8, pin_memory=dev.type == "cuda")
+        if dev.type == "cpu":
+            self._gather_on_device(gid, block_ids, out)
+        else:
+            out.copy_(self._gather_on_device(gid, block_ids))
+        return out
 
-        On a GPU the page rows are assembled on the device and cross PCIe in one copy.
-        """
+    def _gather_on_device(self, gid: int, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Pages as ``[n, page_bytes]`` int8 on the KV cache's device, queued on the current stream."""
         rows = self._kv[gid]
         page = sum(b for _, _, b in rows)
         dev = rows[0][1].device
         n = len(block_ids)
-        ids = torch.tensor(block_ids, dtype=torch.long, device=dev)
-        if out is None:
-            out = torch.empty((n, page), dtype=torch.int8, pin_memory=dev.type == "cuda")
-        dst = out if dev.type == "cpu" else torch.empty((n, page), dtype=torch.int8, device=dev)
+        ids = self._index_tensor(block_ids, dev)
+        dst = out if out is not None else torch.empty((n, page), dtype=torch.int8, device=dev)
         off = 0
         for _, t, nb in rows:
             dst[:, off:off + nb].copy_(t.index_select(0, ids).reshape(n, -1).view(torch.int8)[:, :nb])
             off += nb
-        if dst is not out:
-            out.copy_(dst)
-        return out
+        return dst
 
-    def _scatter(self, gid: int, block_ids: list[int], pages: torch.Tensor) -> None:
-        """Write host pages ``[n, page_bytes]`` into the group's layers at ``block_ids`` (one host -> GPU copy)."""
+    @staticmethod
+    def _index_tensor(block_ids: list[int], dev: torch.device) -> torch.Tensor:
+        """Block ids on ``dev``; on a GPU through pinned memory, so the host does not wait for the stream."""
+        ids = torch.tensor(block_ids, dtype=torch.long)
+        if dev.type == "cpu":
+            return ids
+        return ids.pin_memory().to(dev, non_blocking=True)
+
+    def _scatter(self, gid: int, block_ids: list[int], pages: torch.Tensor) -> Any:
+        """Write host pages ``[n, page_bytes]`` into the group's layers at ``block_ids``.
+
+        On a GPU: one host -> device copy and the scatter, queued on a side stream (the compute stream keeps
+        running other requests' steps); returns the CUDA event marking them done (None on a CPU: done on return).
+        """
         dev = self._kv[gid][0][1].device
-        ids = torch.tensor(block_ids, dtype=torch.long, device=dev)
-        src = pages if dev.type == "cpu" else pages.to(dev)  # synchronous: the host slab is reused afterwards
+        if dev.type == "cpu":
+            self._scatter_rows(gid, self._index_tensor(block_ids, dev), pages)
+            return None
+        if self._h2d_stream is None:
+            self._h2d_stream = torch.cuda.Stream(device=dev)
+        with torch.cuda.stream(self._h2d_stream):
+            self._scatter_rows(gid, self._index_tensor(block_ids, dev), pages.to(dev, non_blocking=True))
+            done = torch.cuda.Event()
+            done.record()
+        return done
+
+    def _scatter_rows(self, gid: int, ids: torch.Tensor, src: torch.Tensor) -> None:
         off = 0
-        n = len(block_ids)
+        n = src.shape[0]
         for _, t, nb in self._kv[gid]:
             per_block = t[0].numel() * t.element_size()
             if nb == per_block:  # page bytes are the block in logical order (_gather); index_copy_ takes any strides
@@ -601,23 +645,35 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             if self._disabled or store is None or not pages:
                 job.failed = self._disabled or ("target unreachable" if store is None else "nothing restorable")
                 continue
-            # Split per group into slab-sized store batches: they run in parallel in the store's threads and each is
-            # copied into the KV cache as soon as it lands (get_transfer_results), overlapping reads and copies.
+            # Split per group into slab-sized store batches. They run in parallel in the store's threads, as many as
+            # there are free staging slabs; each is copied into the KV cache as soon as it lands and its slab then
+            # takes the next batch (get_transfer_results): host memory stays bounded whatever the restore's size.
             assert self._pool is not None
             by_group: dict[int, list[int]] = defaultdict(list)
             for i, (gid, _, _) in enumerate(pages):
                 by_group[gid].append(i)
+            for gid, idxs in by_group.items():
+                per = max(1, self._pool.slab_bytes // self.layouts[gid].page_bytes)
+                job.chunks.extend(_LoadChunk(gid, idxs[s0:s0 + per]) for s0 in range(0, len(idxs), per))
+            self._feed(job, store)
+
+    def _feed(self, job: _LoadJob, store: Any) -> None:
+        """Submit the job's next chunks while staging slabs are free (a temporary buffer only if none can ever be)."""
+        assert self._pool is not None
+        for ch in job.chunks:
+            if job.failed:
+                return
+            if ch.handle is not None:
+                continue
+            pb = self.layouts[ch.gid].page_bytes
+            n = len(ch.idxs)
+            buf = self._pool.take(n * pb, temporary=self._pool.max_slabs == 0)
+            if buf is None:
+                return
+            ch.buf = buf
+            rows = buf[:n * pb].view(n, pb)
             try:
-                for gid, idxs in by_group.items():
-                    pb = self.layouts[gid].page_bytes
-                    per = max(1, self._pool.slab_bytes // pb)
-                    for s0 in range(0, len(idxs), per):
-                        part = idxs[s0:s0 + per]
-                        ch = _LoadChunk(gid, part, self._pool.take(len(part) * pb))
-                        job.chunks.append(ch)
-                        rows = ch.buf[:len(part) * pb].view(len(part), pb)
-                        ch.handle = store.load_batch([pages[i][2] for i in part],
-                                                     [rows[j].numpy() for j in range(len(part))])
+                ch.handle = store.load_batch([job.pages[i][2] for i in ch.idxs], [rows[j].numpy() for j in range(n)])
             except Exception as exc:
                 job.failed = f"{type(exc).__name__}: {exc}"
 
@@ -657,7 +713,11 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 self._save_chunk(store, gid, refs_all[s0:s0 + per], pb, origin)
 
     def _save_chunk(self, store: Any, gid: int, refs: list[PageRef], pb: int, origin: dict[bytes, bytes]) -> None:
-        """Stage up to one slab of pages and hand them to the store (the slab returns to the pool when written)."""
+        """Stage up to one slab of pages and queue them for the store (the slab returns to the pool when written).
+
+        On a GPU the gather is queued on the compute stream and the device -> host copy on a side stream: this
+        returns at once, and the submitter thread hands the slab to the store when the copy's event has fired.
+        """
         assert self._pool is not None
         nbytes = len(refs) * pb
         with self._save_lock:
@@ -665,24 +725,86 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 self._stat(saves_dropped=len(refs))
                 return
             self._pending_save_bytes += nbytes
-        buf = self._pool.take(nbytes)
-        stage = self._gather(gid, [b for _, b, _ in refs], out=buf[:nbytes].view(len(refs), pb))
-        keys = [k for _, _, k in refs]
-        self._audit("save", gid, keys, stage)
-        t0 = time.monotonic()
-        try:
-            h = store.save_batch(keys, [stage[i].numpy() for i in range(len(refs))])
-        except Exception as exc:
-            log.warning("ADP KV: save failed: %s", exc)
-            self._stat(save_errors=len(refs))
+        # With the I/O helper a buffer outside the shared arena would cross its socket: drop the save instead.
+        buf = self._pool.take(nbytes, temporary=self._arena is None or self._pool.max_slabs == 0)
+        if buf is None:
+            self._stat(saves_dropped=len(refs))
             with self._save_lock:
                 self._pending_save_bytes -= nbytes
-            self._pool.give(buf)
             return
+        stage = buf[:nbytes].view(len(refs), pb)
+        try:
+            ready = self._stage_save(gid, [b for _, b, _ in refs], stage)
+        except Exception as exc:
+            log.warning("ADP KV: staging a save failed: %s", exc)
+            self._save_failed(refs, buf, nbytes)
+            return
+        mine = {k: origin[k] for _, _, k in refs if k in origin}
+        if self._submitter is None:
+            self._submitter = threading.Thread(target=self._submit_saves, name="adpkv-save-submit", daemon=True)
+            self._submitter.start()
+        self._save_queue.put((ready, store, gid, refs, stage, buf, nbytes, mine))
+
+    def _stage_save(self, gid: int, block_ids: list[int], out: torch.Tensor) -> Any:
+        """Copy the pages into ``out``; on a GPU asynchronously (returns the CUDA event that marks the copy done)."""
+        dev = self._kv[gid][0][1].device
+        if dev.type != "cuda":
+            self._gather(gid, block_ids, out=out)
+            return None
+        while True:  # bound the GPU memory of gathers waiting for their copy (saves outrunning PCIe)
+            with self._save_lock:
+                while self._d2h_inflight and self._d2h_inflight[0][0].query():
+                    self._d2h_inflight_bytes -= self._d2h_inflight.popleft()[1]
+                if not self._d2h_inflight or self._d2h_inflight_bytes <= _D2H_INFLIGHT_BYTES:
+                    break
+                oldest = self._d2h_inflight[0][0]
+            oldest.synchronize()
+        if self._d2h_stream is None:
+            self._d2h_stream = torch.cuda.Stream(device=dev)
+        gathered = self._gather_on_device(gid, block_ids)  # queued on the compute stream, after this step's forward
+        compute_done = torch.cuda.Event()
+        compute_done.record()
+        side = self._d2h_stream
+        with torch.cuda.stream(side):
+            side.wait_event(compute_done)
+            out.copy_(gathered, non_blocking=True)
+            gathered.record_stream(side)  # the allocator keeps it until the copy has run
+            copied = torch.cuda.Event()
+            copied.record(side)
         with self._save_lock:
-            self._save_handles.add(h)
-            self._save_origin.update((k, origin[k]) for k in keys if k in origin)
-        h.add_done_callback(lambda hh: self._save_done(hh, buf, nbytes, t0))
+            self._d2h_inflight.append((copied, out.numel()))
+            self._d2h_inflight_bytes += out.numel()
+        return copied
+
+    def _submit_saves(self) -> None:
+        """Submitter thread: wait for each staged slab's copy, then start its store batch."""
+        while True:
+            item = self._save_queue.get()
+            if item is None:
+                return
+            ready, store, gid, refs, stage, buf, nbytes, origin = item
+            try:
+                if ready is not None:
+                    ready.synchronize()
+                keys = [k for _, _, k in refs]
+                self._audit("save", gid, keys, stage)
+                t0 = time.monotonic()
+                h = store.save_batch(keys, [stage[i].numpy() for i in range(len(refs))])
+            except Exception as exc:
+                log.warning("ADP KV: save failed: %s", exc)
+                self._save_failed(refs, buf, nbytes)
+                continue
+            with self._save_lock:
+                self._save_handles.add(h)
+                self._save_origin.update(origin)
+            h.add_done_callback(lambda hh, buf=buf, nbytes=nbytes, t0=t0: self._save_done(hh, buf, nbytes, t0))
+
+    def _save_failed(self, refs: list[PageRef], buf: torch.Tensor, nbytes: int) -> None:
+        self._stat(save_errors=len(refs))
+        with self._save_lock:
+            self._pending_save_bytes -= nbytes
+        if self._pool is not None:
+            self._pool.give(buf)
 
     def _save_done(self, h: Any, buf: torch.Tensor, nbytes: int, t0: float) -> None:
         try:
@@ -720,7 +842,17 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                 if not ch.applied and ch.handle is not None and ch.handle.done():
                     job.failed = self._apply_chunk(job, ch)
                     ch.applied = True
-            if not job.failed and not all(ch.applied for ch in job.chunks):
+                if ch.applied and ch.buf is not None and (ch.copied is None or ch.copied.query()):
+                    self._pool.give(ch.buf)  # in place: the slab takes the next batch
+                    ch.buf = None
+            if not job.failed and any(ch.handle is None for ch in job.chunks):
+                store = self.link.store
+                if store is None:
+                    job.failed = "target unreachable"
+                else:
+                    self._feed(job, store)
+            in_place = all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
+            if not job.failed and not in_place:
                 if now - job.t0 < self.cfg.load_timeout_s:
                     keep.append(job)
                     continue
@@ -749,12 +881,15 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         """Return a finished job's slabs to the pool; a slab the store may still write into is let go instead."""
         pool = self._pool
         for ch in job.chunks:
-            if pool is None:
-                break
+            if pool is None or ch.buf is None:
+                continue
+            if ch.copied is not None:  # a failed or timed-out job: its queued copies still read the slab
+                ch.copied.synchronize()
             if ch.handle is None or ch.handle.done():
                 pool.give(ch.buf)
             else:
                 pool.forget(ch.buf)
+            ch.buf = None
         job.chunks = []
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -782,8 +917,11 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             return f"{len(bad)}/{len(res)} page(s) not restored ({bad[0].status.value}: {bad[0].detail})"
         pb = self.layouts[ch.gid].page_bytes
         bids = [job.pages[i][1] for i in ch.idxs]
-        self._scatter(ch.gid, bids, ch.buf[:len(bids) * pb].view(len(bids), pb))
+        assert ch.buf is not None
+        ch.copied = self._scatter(ch.gid, bids, ch.buf[:len(bids) * pb].view(len(bids), pb))
         if self.cfg.audit_path:
+            if ch.copied is not None:
+                ch.copied.synchronize()
             self._audit("load", ch.gid, [job.pages[i][2] for i in ch.idxs], self._gather(ch.gid, bids))
         self._stat(pages_loaded=len(res), bytes_loaded=sum(r.nbytes for r in res))
         return ""
@@ -850,6 +988,9 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         """Let in-flight saves finish (bounded), then close the store and the connection."""
         deadline = time.monotonic() + 30.0
+        if self._submitter is not None:  # staged slabs still queued reach the store first
+            self._save_queue.put(None)
+            self._submitter.join(30.0)
         while True:
             with self._save_lock:
                 pending = list(self._save_handles)

@@ -1,0 +1,400 @@
+"""A page store served by a helper process, so that page I/O does not run on the caller's GIL.
+
+Why: in a vLLM engine the scheduler, the model runner and (vLLM 0.26) a busy-polling engine loop share one process.
+The store's reader/writer threads then compete with them for one interpreter lock, and restores crawled at ~2 GB/s
+on the H200 where the same client in its own process moved 14.6 GB/s (docs/benchmarks.md, GPU run 2).
+
+:class:`StoreProcess` starts ``python -m adp_connector.store.process``, which opens the device and a
+:class:`~adp_connector.store.PageStore` on it and serves ``save_batch``/``load_batch``/``discard``/``contains``
+requests sent over a socket pair. Page bytes do not cross the socket: both processes map one
+:class:`SharedArena` (a ``memfd``), and a buffer inside it travels as (offset, length). A buffer outside the arena
+still works; its bytes are sent along (slower). The caller sees :class:`~adp_connector.store.BatchHandle` objects,
+as with an in-process store.
+
+If the helper exits (crash, killed), every pending batch fails with ``ERROR`` and ``on_exit`` is called; the owner
+decides whether to start another (:class:`adp_connector.vllm.backend.StoreLink` does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..device import Buffer
+from .results import BatchHandle, PageResult, PageStatus
+from .store import PageStore, StoreConfig
+
+log = logging.getLogger("adp_connector.store.process")
+
+# Where a page's bytes are: (offset, length) in the arena; else the bytes (save) or the buffer length (load).
+_Loc = tuple[int, int] | bytes | int
+
+
+class SharedArena:
+    """``nbytes`` of host memory (an anonymous ``memfd``) that a :class:`StoreProcess` maps too.
+
+    The pages are allocated lazily by the kernel; the caller may pin the range for DMA (``cudaHostRegister``).
+    """
+
+    def __init__(self, nbytes: int, name: str = "adp-kv-arena") -> None:
+        if nbytes <= 0:
+            raise ValueError("arena size must be positive")
+        self.nbytes = nbytes
+        self.fd = os.memfd_create(name)
+        try:
+            os.ftruncate(self.fd, nbytes)
+            self.map = mmap.mmap(self.fd, nbytes)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+
+    def locate(self, buf: Any) -> tuple[int, int] | None:
+        """(offset, length) of a contiguous writable buffer that lies inside the arena, else None."""
+        try:
+            mv = memoryview(buf)
+            if mv.readonly or not mv.c_contiguous:
+                return None
+            mv = mv.cast("B")
+            n = mv.nbytes
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(mv)) if n else -1
+        except (TypeError, ValueError):
+            return None
+        off = addr - self.base
+        if n == 0 or off < 0 or off + n > self.nbytes:
+            return None
+        return off, n
+
+    def close(self) -> None:
+        """Unmap (fails while views are exported, e.g. tensors over the arena are alive) and close the fd."""
+        try:
+            self.map.close()
+        except BufferError:
+            log.debug("arena still referenced; left mapped")
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class StoreProcessError(RuntimeError):
+    """The helper process could not open the store, or went away."""
+
+
+class StoreProcess:
+    """The subset of :class:`PageStore` the connector's worker side uses, served by a helper process."""
+
+    def __init__(self, proc: subprocess.Popen, conn: Connection, arena: SharedArena,
+                 on_exit: Callable[[str], None] | None, info: dict[str, Any]) -> None:
+        self._proc = proc
+        self._conn = conn
+        self._arena = arena
+        self._on_exit = on_exit
+        self.info = info
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._next = 1
+        self._pending: dict[int, tuple[BatchHandle | None, list[tuple[int, Any]], list[Any]]] = {}
+        self._replies: dict[int, Any] = {}
+        self._reply_ready = threading.Condition(self._lock)
+        self._closed = False
+        self.exit_reason = ""
+        self._reader = threading.Thread(target=self._read_loop, name="adpkv-storeproc", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls, open_device: Callable[..., Any], device_args: tuple, config: StoreConfig, arena: SharedArena, *,
+              timeout: float = 30.0, on_exit: Callable[[str], None] | None = None) -> StoreProcess:
+        """Start the helper; it calls ``open_device(*device_args)`` and opens a PageStore with ``config``.
+
+        ``open_device`` must be importable by reference (a module-level function or a classmethod). Raises
+        :class:`StoreProcessError` with the helper's error text if it cannot open the store in ``timeout`` s.
+        """
+        parent_sock, child_sock = socket.socketpair()
+        env = dict(os.environ)  # the helper imports this package from where the caller found it
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "adp_connector.store.process", str(child_sock.fileno()), str(arena.fd),
+                 str(arena.nbytes)], pass_fds=(child_sock.fileno(), arena.fd), env=env, stdin=subprocess.DEVNULL)
+        finally:
+            child_sock.close()
+        conn = Connection(parent_sock.detach())
+        try:
+            conn.send((open_device, device_args, config))
+            if not conn.poll(timeout):
+                raise StoreProcessError(f"store process did not open the store in {timeout} s")
+            kind, payload = conn.recv()
+        except (EOFError, OSError) as exc:
+            proc.kill()
+            conn.close()
+            raise StoreProcessError(f"store process exited during start-up (rc={proc.wait()})") from exc
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            conn.close()
+            raise
+        if kind != "ready":
+            conn.close()
+            proc.wait()
+            raise StoreProcessError(payload)
+        return cls(proc, conn, arena, on_exit, payload)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._proc.poll() is None
+
+    # ------------------------------------------------------------------ batches
+
+    def save_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
+        """Start saving ``buffers[i]`` under ``keys[i]`` (buffers unchanged until done), as PageStore does."""
+        locs: list[_Loc] = []
+        for b in buffers:
+            loc = self._arena.locate(b)
+            locs.append(loc if loc is not None else bytes(memoryview(b).cast("B")))
+        return self._submit("save", keys, locs, [])
+
+    def load_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
+        """Start loading ``keys[i]`` into ``buffers[i]``, as PageStore does."""
+        locs: list[_Loc] = []
+        outside: list[tuple[int, Any]] = []
+        for i, b in enumerate(buffers):
+            loc = self._arena.locate(b)
+            if loc is None:
+                mv = memoryview(b).cast("B")
+                outside.append((i, mv))
+                locs.append(mv.nbytes)
+            else:
+                locs.append(loc)
+        return self._submit("load", keys, locs, outside)
+
+    def _submit(self, op: str, keys: Sequence[bytes], locs: list[_Loc], outside: list[tuple[int, Any]]) -> BatchHandle:
+        if len(keys) != len(locs):
+            raise ValueError("keys and buffers differ in length")
+        h = BatchHandle(op, len(keys))
+        with self._lock:
+            if self._closed:
+                h._set([PageResult(bytes(k), PageStatus.ERROR, 0, "store process closed") for k in keys])
+                return h
+            rid = self._next
+            self._next += 1
+            self._pending[rid] = (h, outside, [bytes(k) for k in keys])
+        self._send((op, rid, [bytes(k) for k in keys], locs))
+        return h
+
+    def discard(self, keys: Iterable[bytes], timeout: float = 30.0) -> int:
+        """Delete own pages; returns how many were removed."""
+        return int(self._call("discard", [bytes(k) for k in keys], timeout))
+
+    def contains(self, keys: Iterable[bytes], timeout: float = 30.0) -> list[bool]:
+        """Which keys the helper's index holds."""
+        return list(self._call("contains", [bytes(k) for k in keys], timeout))
+
+    def stats(self, timeout: float = 30.0) -> dict[str, float]:
+        """The helper store's counters (``StoreStats.snapshot``)."""
+        return dict(self._call("stats", [], timeout))
+
+    def _call(self, op: str, keys: list[bytes], timeout: float) -> Any:
+        with self._lock:
+            if self._closed:
+                raise StoreProcessError(self.exit_reason or "store process closed")
+            rid = self._next
+            self._next += 1
+            self._pending[rid] = (None, [], keys)
+        self._send((op, rid, keys, None))
+        with self._reply_ready:
+            if not self._reply_ready.wait_for(lambda: rid in self._replies or self._closed, timeout):
+                self._pending.pop(rid, None)
+                raise TimeoutError(f"store process: {op} not answered in {timeout} s")
+            if rid not in self._replies:
+                raise StoreProcessError(self.exit_reason or "store process closed")
+            reply = self._replies.pop(rid)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def _send(self, msg: tuple) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (OSError, ValueError) as exc:
+            self._shutdown(f"store process unreachable: {exc}")
+
+    # ------------------------------------------------------------------ replies
+
+    def _read_loop(self) -> None:
+        reason = "store process exited"
+        try:
+            while True:
+                kind, rid, payload, extra = self._conn.recv()
+                with self._lock:
+                    entry = self._pending.pop(rid, None)
+                if entry is None:
+                    continue
+                h, outside, _keys = entry
+                if h is None:
+                    with self._reply_ready:
+                        self._replies[rid] = payload if kind == "ok" else StoreProcessError(str(payload))
+                        self._reply_ready.notify_all()
+                    continue
+                if kind != "done":
+                    h._set([PageResult(k, PageStatus.ERROR, 0, str(payload)) for k in _keys])
+                    continue
+                results = [PageResult(k, PageStatus(s), n, d) for k, s, n, d in payload]
+                for (_, mv), data in zip(outside, extra or (), strict=False):
+                    if data is not None:
+                        mv[:len(data)] = data
+                h._set(results)
+        except (EOFError, OSError) as exc:
+            rc = self._proc.poll()
+            reason = f"store process exited (rc={rc})" if rc is not None else f"store process connection lost: {exc}"
+        self._shutdown(reason)
+
+    def _shutdown(self, reason: str) -> None:
+        """Fail everything pending; tell the owner once (unless it closed us)."""
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+            pending, self._pending = self._pending, {}
+            if first:
+                self.exit_reason = reason
+        for h, _, keys in pending.values():
+            if h is not None and not h.done():
+                h._set([PageResult(k, PageStatus.ERROR, 0, reason) for k in keys])
+        with self._reply_ready:
+            self._reply_ready.notify_all()
+        if first and self._on_exit is not None:
+            try:
+                self._on_exit(reason)
+            except Exception:
+                log.exception("store process on_exit callback")
+
+    def close(self, release: bool = True, timeout: float = 30.0) -> None:
+        """Close the helper's store (releasing its writer lease unless ``release`` is False) and stop it."""
+        if self.alive:
+            self._on_exit = None
+            try:
+                self._call("close" if release else "abandon", [], timeout)
+            except Exception as exc:
+                log.debug("store process close: %s", exc)
+        self._on_exit = None
+        self._shutdown("store process closed")
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._conn.close()
+
+    def kill(self) -> None:
+        """Kill the helper (tests: a crash); pending batches fail and ``on_exit`` runs."""
+        self._proc.kill()
+
+
+# ---------------------------------------------------------------------- the helper process
+
+
+def _serve(conn: Connection, arena: memoryview) -> None:
+    """Helper main: open the store from the first message, then serve requests until EOF or close."""
+    send_lock = threading.Lock()
+
+    def send(msg: tuple) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    open_device, device_args, config = conn.recv()
+    device = store = None
+    try:
+        device = open_device(*device_args)
+        store = PageStore(device, config)
+    except BaseException as exc:
+        send(("error", f"{type(exc).__name__}: {exc}"))
+        if device is not None:
+            device.close()
+        return
+    send(("ready", {"partition": store.partition, "pid": os.getpid()}))
+
+    def done(rid: int, h: BatchHandle, inline: list[tuple[int, bytearray]]) -> None:
+        try:
+            res = h.wait(0)
+        except Exception as exc:
+            send(("error", rid, repr(exc), None))
+            return
+        data = [bytes(buf[:res[i].nbytes]) if res[i].ok else None for i, buf in inline] if inline else None
+        send(("done", rid, [(r.key, r.status.value, r.nbytes, r.detail) for r in res], data))
+
+    try:
+        while True:
+            try:
+                op, rid, keys, locs = conn.recv()
+            except EOFError:
+                break
+            if op in ("save", "load"):
+                bufs: list[Any] = []
+                inline: list[tuple[int, bytearray]] = []
+                for i, loc in enumerate(locs):
+                    if isinstance(loc, tuple):
+                        bufs.append(arena[loc[0]:loc[0] + loc[1]])
+                    elif isinstance(loc, int):  # a load into a buffer outside the arena: bytes go back inline
+                        b = bytearray(loc)
+                        inline.append((i, b))
+                        bufs.append(b)
+                    else:
+                        bufs.append(loc)
+                try:
+                    h = (store.save_batch if op == "save" else store.load_batch)(keys, bufs)
+                except Exception as exc:
+                    send(("error", rid, f"{type(exc).__name__}: {exc}", None))
+                    continue
+                h.add_done_callback(lambda hh, rid=rid, inline=inline: done(rid, hh, inline))
+                continue
+            try:
+                if op == "discard":
+                    out: Any = store.discard(keys)
+                elif op == "contains":
+                    out = store.contains(keys)
+                elif op == "stats":
+                    out = store.stats.snapshot()
+                elif op in ("close", "abandon"):
+                    (store.close if op == "close" else store.abandon)()
+                    send(("ok", rid, True, None))
+                    store = None
+                    break
+                else:
+                    raise ValueError(f"unknown request {op!r}")
+                send(("ok", rid, out, None))
+            except Exception as exc:
+                send(("error", rid, f"{type(exc).__name__}: {exc}", None))
+    finally:
+        if store is not None:
+            store.close()
+        device.close()
+
+
+def main(argv: list[str]) -> None:
+    sock_fd, arena_fd, arena_bytes = (int(x) for x in argv)
+    conn = Connection(sock_fd)
+    arena = memoryview(mmap.mmap(arena_fd, arena_bytes))
+    try:
+        _serve(conn, arena)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("ADP_KV_STORE_LOG", "WARNING"))
+    main(sys.argv[1:])
+    os._exit(0)  # the store's daemon threads are done; skip interpreter teardown

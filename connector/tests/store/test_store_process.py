@@ -1,0 +1,131 @@
+"""StoreProcess: a page store in a helper process over a real userspace NVMe/TCP target, pages in a shared arena."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from adp_connector.nvmeof.host import Controller, HostConfig
+from adp_connector.store import PageStatus, PageStore, StoreConfig
+from adp_connector.store.process import SharedArena, StoreProcess, StoreProcessError
+
+target_mod = pytest.importorskip("adp_emulator.target", reason="the userspace target package is not installed")
+
+NQN = "nqn.2026-11.io.awide:store-process-tests"
+PAGE = 64 << 10
+
+
+@pytest.fixture
+def target(tmp_path):
+    t = target_mod.UserspaceTarget(target_mod.TargetSettings(
+        port=0, subnqn=NQN, capacity_bytes=64 << 20, lba_size=512, mdts_bytes=128 << 10,
+        backing_path=str(tmp_path / "ns.img")))
+    t.start()
+    yield t
+    t.stop()
+
+
+def _host(t, **kw) -> HostConfig:
+    host, port = t.address
+    return HostConfig(traddr=host, trsvcid=port, subnqn=NQN, io_queues=2, queue_depth=32, reconnect_delay=0.1, **kw)
+
+
+def _cfg() -> StoreConfig:
+    return StoreConfig(writer=True, writer_id=b"w" * 16, partitions=2, avg_page_bytes=PAGE, io_threads=2)
+
+
+@pytest.fixture
+def arena():
+    a = SharedArena(8 * PAGE)
+    yield a
+    a.close()
+
+
+def _page(i: int) -> bytes:
+    return bytes([i % 251]) * 100 + os.urandom(PAGE - 100)
+
+
+def test_pages_cross_through_the_arena_and_survive_the_process(target, arena) -> None:
+    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg(), arena)
+    assert sp.alive and sp.pid != os.getpid() and sp.info["partition"] is not None
+    data = [_page(i) for i in range(4)]
+    view = memoryview(arena.map)
+    for i, d in enumerate(data):
+        view[i * PAGE:(i + 1) * PAGE] = d
+    keys = [bytes([i]) * 32 for i in range(4)]
+    assert arena.locate(view[PAGE:2 * PAGE]) == (PAGE, PAGE)
+    h = sp.save_batch(keys, [view[i * PAGE:(i + 1) * PAGE] for i in range(4)])
+    assert [r.status for r in h.wait(20)] == [PageStatus.OK] * 4
+    assert sp.contains([*keys, b"x" * 32]) == [True] * 4 + [False]
+    view[4 * PAGE:8 * PAGE] = bytes(4 * PAGE)  # loads land in the other half
+    h = sp.load_batch(keys, [view[(4 + i) * PAGE:(5 + i) * PAGE] for i in range(4)])
+    assert all(r.ok and r.nbytes == PAGE for r in h.wait(20))
+    assert [bytes(view[(4 + i) * PAGE:(5 + i) * PAGE]) for i in range(4)] == data
+    assert sp.stats()["pages_saved"] == 4
+    assert sp.discard(keys[:1]) == 1
+    sp.close()
+    assert not sp.alive
+    view.release()
+    # the pages are on the device: an in-process store reads them back (partition lease released by close)
+    ctrl = Controller.connect(_host(target))
+    try:
+        store = PageStore(ctrl, _cfg())
+        buf = bytearray(PAGE)
+        assert store.load(keys[1], buf).ok and bytes(buf) == data[1]
+        assert store.load(keys[0], buf).status is PageStatus.MISSING
+        store.close()
+    finally:
+        ctrl.close()
+
+
+def test_buffers_outside_the_arena_still_work(target, arena) -> None:
+    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg(), arena)
+    try:
+        data = _page(7)
+        key = b"k" * 32
+        assert arena.locate(bytearray(PAGE)) is None and arena.locate(data) is None  # outside; read-only
+        assert sp.save_batch([key], [data]).wait(20)[0].ok
+        out = bytearray(PAGE)
+        res = sp.load_batch([key, b"m" * 32], [out, bytearray(PAGE)]).wait(20)
+        assert res[0].ok and bytes(out) == data and res[1].status is PageStatus.MISSING
+    finally:
+        sp.close()
+
+
+def test_a_killed_helper_fails_pending_batches_and_tells_the_owner(target, arena) -> None:
+    exited = threading.Event()
+    reasons: list[str] = []
+    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg(), arena,
+                            on_exit=lambda r: (reasons.append(r), exited.set()))
+    view = memoryview(arena.map)
+    try:
+        target.faults.set_delay(5.0)  # the batch is in flight when the helper dies
+        h = sp.save_batch([b"a" * 32], [view[:PAGE]])
+        time.sleep(0.3)
+        sp.kill()
+        res = h.wait(10)
+        assert res[0].status is PageStatus.ERROR and "exited" in res[0].detail
+        assert exited.wait(5) and len(reasons) == 1 and "rc=" in reasons[0]
+        assert not sp.alive
+        late = sp.load_batch([b"a" * 32], [view[:PAGE]]).wait(1)  # answered at once, not hung
+        assert late[0].status is PageStatus.ERROR
+        with pytest.raises(StoreProcessError):
+            sp.contains([b"a" * 32])
+    finally:
+        target.faults.set_delay(0.0)
+        view.release()
+        sp.close()
+
+
+def test_an_unreachable_target_is_reported_with_its_cause(arena) -> None:
+    with pytest.raises(StoreProcessError, match=r"[Rr]efused|[Cc]onnect"):
+        StoreProcess.start(Controller.connect, (HostConfig(traddr="127.0.0.1", trsvcid=1, subnqn=NQN,
+                                                           connect_timeout=1.0),), _cfg(), arena, timeout=20)
+
+
+def test_arena_rejects_bad_sizes() -> None:
+    with pytest.raises(ValueError):
+        SharedArena(0)
