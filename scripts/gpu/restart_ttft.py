@@ -116,15 +116,19 @@ def engine_main(spec_path: str) -> None:
     decode = {}
     if spec.get("decode_tokens"):  # decode speed at a long context (saves of new blocks run meanwhile)
         dp = [TokensPrompt(prompt_token_ids=spec["decode_prompt"])]
-        llm.generate(dp, sp, use_tqdm=False)  # prefill (or restore) it; the timed pass below hits the GPU cache
+        llm.generate(dp, sp, use_tqdm=False)  # prefill (or restore) it; the timed passes below hit the GPU cache
         time.sleep(len(spec["decode_prompt"]) * spec["kv_bytes_per_token"] / 1e9 * spec.get("drain_s_per_gb", 0))
         n = spec["decode_tokens"]
-        t = time.monotonic()
-        out = llm.generate(dp, SamplingParams(max_tokens=n, temperature=0, detokenize=False, ignore_eos=True),
-                           use_tqdm=False)[0]
-        dt = time.monotonic() - t
-        decode = {"context": len(spec["decode_prompt"]), "tokens": len(out.outputs[0].token_ids), "s": round(dt, 3),
-                  "tok_s": round(len(out.outputs[0].token_ids) / dt, 2)}
+        rates = []
+        for rep in range(4):  # the first is a warm-up (first decode steps of this process: kernels, allocator)
+            # sampled with a new seed per pass: each pass decodes new blocks (saved by adp-cold while it decodes)
+            dsp = SamplingParams(max_tokens=n, temperature=1.0, detokenize=False, ignore_eos=True, seed=rep)
+            t = time.monotonic()
+            out = llm.generate(dp, dsp, use_tqdm=False)[0]
+            rates.append(len(out.outputs[0].token_ids) / (time.monotonic() - t))
+        timed = sorted(rates[1:])
+        decode = {"context": len(spec["decode_prompt"]), "tokens": n, "warmup_tok_s": round(rates[0], 2),
+                  "runs_tok_s": [round(r, 2) for r in rates[1:]], "tok_s": round(timed[len(timed) // 2], 2)}
         print(f"[{spec['tag']}] decode {decode}", flush=True)
     adp = {}
     try:
@@ -213,6 +217,9 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=0,
                     help="also time this many decode steps of one --decode-context prompt in every arm (0: no)")
     ap.add_argument("--decode-context", type=int, default=32000)
+    ap.add_argument("--warm-variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                    help="another warm arm after adp-warm, with these connector options changed (e.g. "
+                         "inproc:io_process=false or q4:io_queues=4); repeatable")
     ap.add_argument("--gpu-gb", type=float, default=141.0, help="memory per GPU, for --dry-run's fit check")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the plan (TP divisibility, memory per GPU, card size) and print it; start nothing")
@@ -242,20 +249,27 @@ def main() -> None:
     connector = {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                  "kv_connector_module_path": "adp_connector.vllm.connector",
                  "kv_connector_extra_config": {"trsvcid": a.port, "io_queues": 8, "io_threads": 4,
-                                               "max_pending_save_mb": 32768, "staging_mb": 16384,
+                                               "max_pending_save_mb": 32768, "staging_mb": 8192,
                                                "load_timeout_s": 300.0}}
     base = {"model": str(model), "max_model_len": max([*lengths, a.decode_context]) + a.decode_tokens + 64,
             "kv_cache_bytes": int(a.kv_cache_gb * 2**30), "prompts": prompts, "kv_bytes_per_token": kv_per_token,
             "tp": a.tp, "decode_tokens": a.decode_tokens,
             "decode_prompt": [rng.randrange(1000, 120000) for _ in range(a.decode_context)] if a.decode_tokens else []}
+    variants: dict[str, dict[str, Any]] = {}
+    for v in a.warm_variant:
+        name, _, opts = v.partition(":")
+        variants[f"adp-warm-{name}"] = {k: json.loads(x) for k, _, x in (o.partition("=") for o in opts.split(","))}
     tgt = None
     try:
-        for arm in a.arms.split(","):
+        for arm in a.arms.split(",") + list(variants):
             spec = dict(base, tag=arm)
             if arm != "baseline":
                 if tgt is None:
                     tgt = start_target(a.port, a.capacity, "/dev/shm/adp-card.img", out)
                 spec["connector"] = connector
+                if arm in variants:
+                    spec["connector"] = dict(connector, kv_connector_extra_config={
+                        **connector["kv_connector_extra_config"], **variants[arm]})
             if arm == "adp-cold":
                 spec["drain_s_per_gb"] = 0.5
             t = time.monotonic()
@@ -268,10 +282,12 @@ def main() -> None:
             tgt.terminate()
             tgt.wait(10)
     arms = report["arms"]
-    if all("rows" in arms.get(k, {}) for k in ("baseline", "adp-warm")):
-        for b, w in zip(arms["baseline"]["rows"], arms["adp-warm"]["rows"], strict=True):
+    for warm in [k for k in arms if k.startswith("adp-warm") and "rows" in arms[k]]:
+        if "rows" not in arms.get("baseline", {}):
+            break
+        for b, w in zip(arms["baseline"]["rows"], arms[warm]["rows"], strict=True):
             gb = b["tokens"] * kv_per_token / 1e9
-            print(f"{b['tokens']:>7} tokens: baseline {b['ttft_s']:.2f} s, warm {w['ttft_s']:.2f} s "
+            print(f"{b['tokens']:>7} tokens: baseline {b['ttft_s']:.2f} s, {warm} {w['ttft_s']:.2f} s "
                   f"({w['ttft_s'] / b['ttft_s']:.2f}x), restored {w['num_cached']} tokens = {gb:.1f} GB "
                   f"-> {w['num_cached'] * kv_per_token / 1e9 / w['ttft_s']:.1f} GB/s end to end")
     dec = {k: v.get("decode") for k, v in arms.items() if v.get("decode")}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU validation (issue #7) on the lent H200, after the vLLM 0.26 wheels are installed (../shared/gpu/README.md):
 #   source .vllm-gpu/bin/device-install.sh && bash scripts/gpu/validate.sh correctness|restart OUTDIR
-# correctness: connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,
+# gpu-unit:    the connector's GPU data-path unit tests (side-stream copies, pinned shared staging).
+# correctness: gpu-unit, connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,
 #              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
 # restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
 # agents|sweep: `testbed bench agents|sweep --preset gpu` on the 8B shape (dummy weights, `vllm serve`), arms
@@ -23,11 +24,15 @@ printf '[vllm.general_plugins]\nadp_kv_connector = adp_connector.vllm:register\n
 export PYTHONPATH="/tmp/site-adp:${PYTHONPATH:-}:$root/connector/src:$root/emulator/src:$root/testbed/src"
 export PYTHONHASHSEED=0 ADP_KV_CACHE=/tmp/adp-kv-cache PATH="/tmp/site-adp/bin:$PATH"
 case "$what" in
+  gpu-unit)  # only the connector's GPU data-path tests (a subset of correctness)
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 120 python3 -m pytest -q -p no:cacheprovider \
+      "$root/connector/tests/vllm/test_vllm_connector_unit.py" -k "gpu or strided" 2>&1 | tail -4 | tee "$out/gpu-unit.txt"
+    ;;
   correctness)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
     python3 -c "import vllm, torch, adp_connector.vllm.connector as c; print('vllm', vllm.__version__, 'torch', torch.__version__, 'legacy', c._check_vllm_version(vllm.__version__))" 2>&1 | tail -1 | tee "$out/versions.txt"
     # the connector's GPU data path (side-stream copies, pinned shared staging, permuted KV views) on this GPU
-    timeout 120 python3 -m pytest -q -p no:cacheprovider "$root/connector/tests/vllm/test_vllm_connector_unit.py" \
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 120 python3 -m pytest -q -p no:cacheprovider "$root/connector/tests/vllm/test_vllm_connector_unit.py" \
       -k "gpu or strided" 2>&1 | tail -4 | tee "$out/gpu-unit.txt"
     timeout 330 python3 -m adp_testbed.cli verify --family dense --json > "$out/verify-dense.json" 2> "$out/verify-dense.log"
     echo "verify dense rc=$?"; cat "$out/verify-dense.json"; tail -5 "$out/verify-dense.log"
