@@ -174,3 +174,32 @@ def test_background_refresh() -> None:
     assert b.lookup([k]) == 0
     a.close()
     b.close()
+
+
+def test_slow_background_refreshes_are_spaced_out(monkeypatch) -> None:
+    """A refresh taking 50 ms with a 20 ms interval asked: the gap stretches so refreshing stays <= 2% of the time
+    (it holds the interpreter lock an inference engine needs), and lookups still see new pages afterwards."""
+    dev = MemDevice(4 << 20, 512)
+    a = PageStore(dev, fast_config())
+    b = PageStore(dev, fast_config(refresh_interval_s=0.02))
+    real = PageStore.refresh
+    calls: list[float] = []
+
+    def slow_refresh(self: PageStore) -> None:
+        calls.append(time.monotonic())
+        time.sleep(0.05)
+        real(self)
+
+    monkeypatch.setattr(PageStore, "refresh", slow_refresh)
+    k = NS.chain_tokens(list(range(8)))[0]
+    assert a.save(k, b"hello" * 100).ok
+    deadline = time.monotonic() + 10
+    while not b.lookup([k]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b.lookup([k]) == 1
+    time.sleep(3.0)
+    assert b.refresh_gap_s >= 0.05 / 0.02 * 0.9  # ~2.5 s between refreshes, not 20 ms
+    recent = [t for t in calls if t > time.monotonic() - 3.0]
+    assert len(recent) <= 2, len(recent)
+    a.close()
+    b.close()

@@ -52,6 +52,7 @@ from .results import BatchHandle, PageResult, PageStatus, StoreStats
 
 log = logging.getLogger(__name__)
 _SCAN_CHUNK = 4 << 20
+_REFRESH_DUTY = 0.02  # background index refreshes take at most this share of the time (see _background)
 
 
 @dataclass
@@ -166,6 +167,7 @@ class PageStore:
                 self._recover(p)
         self.refresh()
         self._stop = threading.Event()
+        self.refresh_gap_s = cfg.refresh_interval_s  # the background refresh's current gap (stretched when slow)
         self._bg: threading.Thread | None = None
         hb = self._hb_interval()
         if hb > 0 or cfg.refresh_interval_s > 0:
@@ -473,15 +475,19 @@ class PageStore:
         rf = cfg.refresh_interval_s
         tick = min(x for x in (hb, rf) if x > 0) / 2
         last_hb = last_rf = time.monotonic()
+        rf_gap = rf
         while not self._stop.wait(tick):
             now = time.monotonic()
             try:
                 if hb > 0 and self._partition is not None and now - last_hb >= hb:
                     last_hb = now
                     self.heartbeat()
-                if rf > 0 and now - last_rf >= rf:
+                if rf > 0 and now - last_rf >= rf_gap:
                     last_rf = now
                     self.refresh()
+                    # Re-parsing large changing tables holds the interpreter lock that the caller (an inference
+                    # engine) needs: keep refreshing to <= _REFRESH_DUTY of the time, whatever the interval asked.
+                    self.refresh_gap_s = rf_gap = max(rf, (time.monotonic() - now) / _REFRESH_DUTY)
             except Exception:  # never let the background thread die
                 log.exception("page store background task failed")
 
