@@ -92,7 +92,8 @@ def engine_main(spec_path: str) -> None:
     t0 = time.monotonic()
     kw: dict[str, Any] = dict(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
                               max_model_len=spec["max_model_len"], enable_prefix_caching=True,
-                              prefix_caching_hash_algo="sha256_cbor", enforce_eager=True, seed=0,
+                              prefix_caching_hash_algo="sha256_cbor", enforce_eager=not spec.get("cuda_graphs"),
+                              seed=0,
                               gpu_memory_utilization=0.9, kv_cache_memory_bytes=spec["kv_cache_bytes"],
                               disable_log_stats=False, tensor_parallel_size=spec.get("tp", 1))
     if spec.get("connector"):
@@ -217,6 +218,9 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=0,
                     help="also time this many decode steps of one --decode-context prompt in every arm (0: no)")
     ap.add_argument("--decode-context", type=int, default=32000)
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="torch.compile + CUDA graphs (vLLM's default; ~1 min more per engine start) instead of eager: "
+                         "decode steps are then bound by the GPU, not by launching kernels")
     ap.add_argument("--warm-variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                     help="another warm arm after adp-warm, with these connector options changed (e.g. "
                          "inproc:io_process=false or q4:io_queues=4); repeatable")
@@ -253,7 +257,7 @@ def main() -> None:
                                                "load_timeout_s": 300.0}}
     base = {"model": str(model), "max_model_len": max([*lengths, a.decode_context]) + a.decode_tokens + 64,
             "kv_cache_bytes": int(a.kv_cache_gb * 2**30), "prompts": prompts, "kv_bytes_per_token": kv_per_token,
-            "tp": a.tp, "decode_tokens": a.decode_tokens,
+            "tp": a.tp, "decode_tokens": a.decode_tokens, "cuda_graphs": a.cuda_graphs,
             "decode_prompt": [rng.randrange(1000, 120000) for _ in range(a.decode_context)] if a.decode_tokens else []}
     variants: dict[str, dict[str, Any]] = {}
     for v in a.warm_variant:

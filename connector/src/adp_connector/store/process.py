@@ -259,8 +259,11 @@ class StoreProcess:
                         mv[:len(data)] = data
                 h._set(results)
         except (EOFError, OSError) as exc:
-            rc = self._proc.poll()
-            reason = f"store process exited (rc={rc})" if rc is not None else f"store process connection lost: {exc}"
+            try:  # the socket closes as the process dies; give the kernel a moment to report it
+                rc: int | None = self._proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                rc = None
+            reason = f"store process exited (rc={rc})" if rc is not None else f"store process connection lost: {exc!r}"
         self._shutdown(reason)
 
     def _shutdown(self, reason: str) -> None:

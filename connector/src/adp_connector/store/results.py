@@ -93,6 +93,7 @@ class StoreStats:
     discards: int = 0
     lease_lost: int = 0
     refreshes: int = 0
+    miss_refreshes: int = 0     # refreshes a load of unindexed keys triggered
     save_seconds: float = 0.0   # summed wall time of save batches
     load_seconds: float = 0.0   # summed wall time of load batches
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

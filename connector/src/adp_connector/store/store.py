@@ -67,6 +67,7 @@ class StoreConfig:
     heartbeat_interval_s: float | None = None  # None: ttl/4; 0: renewed only by saves (lapses when idle > ttl)
     claim_settle_s: float = 0.25           # claim: write, wait this long, read back (>> one write latency)
     refresh_interval_s: float = 0.0        # >0: re-index other writers' partitions periodically
+    miss_refresh_gap_s: float = 0.25       # a load of unindexed keys refreshes first, at most this often (<0: never)
     verify: bool = True                    # verify the payload checksum on every load
     dedupe: bool = True                    # skip saving keys another writer already stores
     flush_commits: bool = True             # flush after the commit records (durable on return)
@@ -137,6 +138,7 @@ class PageStore:
         self.stats = StoreStats()
         self._lock = threading.RLock()
         self._commit_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._lease_lock = threading.Lock()
         self._own: OrderedDict[bytes, _Loc] = OrderedDict()
         self._foreign: dict[bytes, _Loc] = {}
@@ -168,6 +170,8 @@ class PageStore:
         self.refresh()
         self._stop = threading.Event()
         self.refresh_gap_s = cfg.refresh_interval_s  # the background refresh's current gap (stretched when slow)
+        self._miss_refresh_lock = threading.Lock()
+        self._miss_refresh_at = -1e9
         self._bg: threading.Thread | None = None
         hb = self._hb_interval()
         if hb > 0 or cfg.refresh_interval_s > 0:
@@ -263,6 +267,10 @@ class PageStore:
 
     def refresh(self) -> None:
         """Re-read the slot tables of every other partition so their pages become visible (or vanish)."""
+        with self._refresh_lock:  # one at a time: the digest cache must match the installed index
+            self._refresh()
+
+    def _refresh(self) -> None:
         g = self.geometry
         new: dict[int, dict[bytes, _Loc]] = {}
         changed = False
@@ -484,10 +492,12 @@ class PageStore:
                     self.heartbeat()
                 if rf > 0 and now - last_rf >= rf_gap:
                     last_rf = now
+                    cpu = time.thread_time()
                     self.refresh()
                     # Re-parsing large changing tables holds the interpreter lock that the caller (an inference
-                    # engine) needs: keep refreshing to <= _REFRESH_DUTY of the time, whatever the interval asked.
-                    self.refresh_gap_s = rf_gap = max(rf, (time.monotonic() - now) / _REFRESH_DUTY)
+                    # engine) needs: keep this thread's CPU time (not the I/O wait) in refreshes to <= _REFRESH_DUTY
+                    # of the time, whatever the interval asked.
+                    self.refresh_gap_s = rf_gap = max(rf, (time.thread_time() - cpu) / _REFRESH_DUTY)
             except Exception:  # never let the background thread die
                 log.exception("page store background task failed")
 
@@ -848,6 +858,7 @@ class PageStore:
 
     def _run_load(self, h: BatchHandle, keys: list[bytes], buffers: list[Buffer]) -> None:
         t0 = time.perf_counter()
+        self._refresh_for(keys)
         results: list[PageResult | None] = [None] * len(keys)
         ops: list[_Op] = []
         with self._lock:
@@ -907,6 +918,26 @@ class PageStore:
         self.stats.add(hits=len(hits), misses=len(final) - len(hits), pages_loaded=len(hits),
                        bytes_loaded=sum(r.nbytes for r in hits), load_seconds=time.perf_counter() - t0)
         h._set(final)
+
+    def _refresh_for(self, keys: list[bytes]) -> None:
+        """A load asks for keys this store has not indexed: another writer may have saved them since the last
+        refresh (the caller learned of them through its own, newer index). Refresh once, at most every
+        ``miss_refresh_gap_s``, so that such a load finds them instead of failing as MISSING."""
+        gap = self.config.miss_refresh_gap_s
+        if gap < 0:
+            return
+        with self._lock:
+            if all(k in self._own or k in self._foreign for k in keys):
+                return
+        with self._miss_refresh_lock:  # concurrent batches wait for one refresh instead of each doing one
+            if time.monotonic() - self._miss_refresh_at < gap:
+                return
+            try:
+                self.refresh()
+                self.stats.add(miss_refreshes=1)
+            except Exception as exc:
+                log.debug("refresh on a load miss failed: %s", exc)
+            self._miss_refresh_at = time.monotonic()
 
     def _submit_page_read(self, op: _Op) -> None:
         lba, loc = self._lba, op.loc
