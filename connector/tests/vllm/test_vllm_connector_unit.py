@@ -489,3 +489,29 @@ def test_a_restore_larger_than_the_staging_memory_streams_through_it(monkeypatch
         worker.shutdown()
         sched.shutdown()
         tgt.stop()
+
+
+def test_a_slab_still_being_read_into_returns_when_its_batch_completes() -> None:
+    """A failed or timed-out restore lets go of its slabs; one whose store batch is still running goes back to the
+    pool only once that batch completes (the helper may still write into it), so the pool neither hands out a busy
+    slab nor loses it."""
+    from adp_connector.store import BatchHandle, PageResult, PageStatus
+    from adp_connector.vllm.connector import _LoadChunk, _LoadJob
+
+    tgt, sched, worker = _target_and_halves(io_process=False)
+    try:
+        worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+        pool = worker._pool
+        assert pool is not None
+        slab = pool.take(1)
+        busy = BatchHandle("load", 1)
+        job = _LoadJob("r", [(0, 1, b"k" * 32)], [], time.monotonic(), failed="timed out")
+        job.chunks = [_LoadChunk(0, [0], buf=slab, handle=busy)]
+        worker._release(job)
+        assert all(f.data_ptr() != slab.data_ptr() for f in pool._free)  # not reusable yet
+        busy._set([PageResult(b"k" * 32, PageStatus.OK, 128)])
+        assert any(f.data_ptr() == slab.data_ptr() for f in pool._free)  # back once the batch is done
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()

@@ -11,8 +11,10 @@ kv_connector/v1/base.py`` and ``v1/core/sched/scheduler.py``):
 * ``build_connector_meta`` runs before ``_update_after_schedule``, so ``request.num_computed_tokens`` is the value
   before this step; ``scheduler_output.kv_connector_block_state`` gives block tables and the Mamba "align"
   boundary states committed by this step;
-* saves are staged (device -> host copy) synchronously in ``wait_for_save`` of the step that computed the block,
-  so the engine may free and reuse the block right after; the NVMe writes run in the store's threads.
+* saves are staged in ``wait_for_save`` of the step that computed the block, so the engine may free and reuse the
+  block right after: on a GPU the gather is queued on the compute stream (before any later step's kernels) and the
+  device -> host copy on a side stream, and a submitter thread starts the store batch when the copy has landed;
+  the NVMe writes run in the I/O helper process (``io_process``) or the store's threads.
 
 vLLM 0.26 goes through a legacy path of the same class (``_check_vllm_version``): block tables from the scheduler
 output (``_BlockTables``), failed restores reported as block ids, single-group models only (docs/connector.md).
@@ -878,7 +880,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         return out
 
     def _release(self, job: _LoadJob) -> None:
-        """Return a finished job's slabs to the pool; a slab the store may still write into is let go instead."""
+        """Return a finished job's slabs to the pool; a slab the store may still write into (a failed or timed-out
+        restore) returns when that batch completes (a batch always completes: the device or the helper times out)."""
         pool = self._pool
         for ch in job.chunks:
             if pool is None or ch.buf is None:
@@ -888,7 +891,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             if ch.handle is None or ch.handle.done():
                 pool.give(ch.buf)
             else:
-                pool.forget(ch.buf)
+                ch.handle.add_done_callback(lambda _h, buf=ch.buf: pool.give(buf))
             ch.buf = None
         job.chunks = []
 

@@ -34,7 +34,6 @@ class StagingPool:
                 self.pinned = _register_host_memory(arena)
         else:
             self.max_slabs = max(1, max_bytes // slab_bytes)
-        self._carved = 0  # arena slabs handed out so far (a forgotten one is not carved again)
         self._free: list[torch.Tensor] = []
         self._slabs: set[int] = set()  # data pointers of the pool's own slabs
         self._allocated = 0
@@ -48,11 +47,10 @@ class StagingPool:
             with self._lock:
                 if self._free:
                     return self._free.pop()
-                grow = self._allocated < self.max_slabs and (self._arena is None or self._carved < self.max_slabs)
+                grow = self._allocated < self.max_slabs
                 if grow:
+                    idx = self._allocated
                     self._allocated += 1
-                    idx = self._carved
-                    self._carved += 1
             if grow:
                 try:
                     if self._arena is not None:
@@ -73,17 +71,11 @@ class StagingPool:
         return torch.empty(nbytes, dtype=torch.int8)
 
     def give(self, buf: torch.Tensor) -> None:
-        """Return a buffer from :meth:`take` (temporary ones are simply dropped)."""
+        """Return a buffer from :meth:`take` (temporary ones are simply dropped; a slab already free is ignored)."""
+        ptr = buf.data_ptr()
         with self._lock:
-            if buf.data_ptr() in self._slabs and len(self._free) < self._allocated:
+            if ptr in self._slabs and all(f.data_ptr() != ptr for f in self._free):
                 self._free.append(buf)
-
-    def forget(self, buf: torch.Tensor) -> None:
-        """Let go of a slab that cannot be reused (I/O may still write into it); the pool may allocate anew."""
-        with self._lock:
-            if buf.data_ptr() in self._slabs:
-                self._slabs.discard(buf.data_ptr())
-                self._allocated -= 1
 
     @property
     def allocated_bytes(self) -> int:
