@@ -129,3 +129,51 @@ def test_an_unreachable_target_is_reported_with_its_cause(arena) -> None:
 def test_arena_rejects_bad_sizes() -> None:
     with pytest.raises(ValueError):
         SharedArena(0)
+
+
+def test_the_helper_does_not_outlive_its_owner(target, tmp_path) -> None:
+    """The owning process killed (SIGKILL, no clean-up): the helper sees its socket close and exits; Ctrl-C (SIGINT
+    to the process group) is left to the owner."""
+    import signal
+    import subprocess
+    import sys
+
+    host, port = target.address
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import sys, time\n"
+        "from adp_connector.nvmeof.host import Controller, HostConfig\n"
+        "from adp_connector.store import StoreConfig\n"
+        "from adp_connector.store.process import SharedArena, StoreProcess\n"
+        f"hc = HostConfig(traddr={host!r}, trsvcid={port}, subnqn={NQN!r}, io_queues=1)\n"
+        "sp = StoreProcess.start(Controller.connect, (hc,), StoreConfig(writer=False), SharedArena(1 << 20))\n"
+        "print(sp.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(owner.stdout.readline())
+        os.kill(helper, signal.SIGINT)  # ignored by the helper
+        time.sleep(0.5)
+        assert _running(helper)
+        owner.kill()
+        owner.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if not _running(helper):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(helper, signal.SIGKILL)
+            raise AssertionError("the helper outlived its owner")
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's exit may wait for a reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

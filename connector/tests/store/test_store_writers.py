@@ -158,6 +158,13 @@ def test_lease_expiry_takeover_and_heartbeat() -> None:
         s.close()
 
 
+def _seen_by(store: PageStore, key: bytes, expect: int, deadline: float) -> bool:
+    """Poll ``store.lookup([key])`` until it returns ``expect`` (True) or ``deadline`` passes (False)."""
+    while store.lookup([key]) != expect and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return store.lookup([key]) == expect
+
+
 def test_background_refresh() -> None:
     dev = MemDevice(4 << 20, 512)
     a = PageStore(dev, fast_config())
@@ -165,13 +172,9 @@ def test_background_refresh() -> None:
     k = NS.chain_tokens(list(range(8)))[0]
     assert a.save(k, b"hello" * 100).ok
     deadline = time.monotonic() + 5
-    while not b.lookup([k]) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert b.lookup([k]) == 1
+    assert _seen_by(b, k, 1, deadline)
     a.discard([k])
-    while b.lookup([k]) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert b.lookup([k]) == 0
+    assert _seen_by(b, k, 0, deadline)
     a.close()
     b.close()
 
@@ -195,10 +198,7 @@ def test_slow_background_refreshes_are_spaced_out(monkeypatch) -> None:
     monkeypatch.setattr(PageStore, "refresh", slow_refresh)
     k = NS.chain_tokens(list(range(8)))[0]
     assert a.save(k, b"hello" * 100).ok
-    deadline = time.monotonic() + 10
-    while not b.lookup([k]) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert b.lookup([k]) == 1
+    assert _seen_by(b, k, 1, time.monotonic() + 10)
     time.sleep(3.0)
     assert b.refresh_gap_s >= 0.05 / 0.02 * 0.9  # ~2.5 s between refreshes, not 20 ms
     recent = [t for t in calls if t > time.monotonic() - 3.0]

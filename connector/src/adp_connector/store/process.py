@@ -21,6 +21,7 @@ import ctypes
 import logging
 import mmap
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -388,6 +389,9 @@ def _serve(conn: Connection, arena: memoryview) -> None:
 
 
 def main(argv: list[str]) -> None:
+    # Ctrl-C in the engine's terminal reaches this process group too: the owner ends the helper (closing the socket
+    # or asking it to close), so that the store is closed in order and no replacement is started mid-shutdown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock_fd, arena_fd, arena_bytes = (int(x) for x in argv)
     conn = Connection(sock_fd)
     arena = memoryview(mmap.mmap(arena_fd, arena_bytes))
