@@ -13,6 +13,9 @@ what=${1:?correctness or restart}
 out=${2:?output directory}
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# .whl (git-ignored, sent with `carry`): the connector's own wheels for the GPU image's Python 3.12, fetched here with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl crc32c xxhash py-spy \
+#       pytest==8.3.4 pluggy==1.5.0 iniconfig==2.0.0
 if ls "$root"/.whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site-adp/.done ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site-adp "$root"/.whl/*.whl && touch /tmp/site-adp/.done
 fi
