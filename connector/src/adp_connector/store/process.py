@@ -103,7 +103,7 @@ class StoreProcess:
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._next = 1
-        self._pending: dict[int, tuple[BatchHandle | None, list[tuple[int, Any]], list[Any]]] = {}
+        self._pending: dict[int, tuple[BatchHandle | None, list[tuple[int, Any]], list[bytes]]] = {}
         self._replies: dict[int, Any] = {}
         self._reply_ready = threading.Condition(self._lock)
         self._closed = False
@@ -186,15 +186,23 @@ class StoreProcess:
         if len(keys) != len(locs):
             raise ValueError("keys and buffers differ in length")
         h = BatchHandle(op, len(keys))
+        raw = [bytes(k) for k in keys]
+        rid = self._register((h, outside, raw))
+        if rid is None:
+            h._set([PageResult(k, PageStatus.ERROR, 0, "store process closed") for k in raw])
+            return h
+        self._send((op, rid, raw, locs))
+        return h
+
+    def _register(self, entry: tuple[BatchHandle | None, list[tuple[int, Any]], list[bytes]]) -> int | None:
+        """A request id for ``entry`` (awaiting its reply), or None once the helper is gone."""
         with self._lock:
             if self._closed:
-                h._set([PageResult(bytes(k), PageStatus.ERROR, 0, "store process closed") for k in keys])
-                return h
+                return None
             rid = self._next
             self._next += 1
-            self._pending[rid] = (h, outside, [bytes(k) for k in keys])
-        self._send((op, rid, [bytes(k) for k in keys], locs))
-        return h
+            self._pending[rid] = entry
+            return rid
 
     def discard(self, keys: Iterable[bytes], timeout: float = 30.0) -> int:
         """Delete own pages; returns how many were removed."""
@@ -209,12 +217,9 @@ class StoreProcess:
         return dict(self._call("stats", [], timeout))
 
     def _call(self, op: str, keys: list[bytes], timeout: float) -> Any:
-        with self._lock:
-            if self._closed:
-                raise StoreProcessError(self.exit_reason or "store process closed")
-            rid = self._next
-            self._next += 1
-            self._pending[rid] = (None, [], keys)
+        rid = self._register((None, [], keys))
+        if rid is None:
+            raise StoreProcessError(self.exit_reason or "store process closed")
         self._send((op, rid, keys, None))
         with self._reply_ready:
             if not self._reply_ready.wait_for(lambda: rid in self._replies or self._closed, timeout):
