@@ -13,6 +13,7 @@ from adp_connector.store import PageStatus, PageStore, StoreConfig
 from adp_connector.store.process import SharedArena, StoreProcess, StoreProcessError
 
 target_mod = pytest.importorskip("adp_emulator.target", reason="the userspace target package is not installed")
+pid_alive = pytest.importorskip("adp_emulator.kernel.vm").pid_alive
 
 NQN = "nqn.2026-11.io.awide:store-process-tests"
 PAGE = 64 << 10
@@ -154,12 +155,12 @@ def test_the_helper_does_not_outlive_its_owner(target, tmp_path) -> None:
         helper = int(owner.stdout.readline())
         os.kill(helper, signal.SIGINT)  # ignored by the helper
         time.sleep(0.5)
-        assert _running(helper)
+        assert pid_alive(helper)
         owner.kill()
         owner.wait(10)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            if not _running(helper):
+            if not pid_alive(helper):
                 break
             time.sleep(0.1)
         else:
@@ -169,11 +170,3 @@ def test_the_helper_does_not_outlive_its_owner(target, tmp_path) -> None:
         owner.kill()
         owner.wait()
 
-
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie (an orphan's exit may wait for a reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -84,6 +84,21 @@ def _save(worker: ADPConnector, meta: Any) -> None:
     assert not worker._pending_save_bytes and not worker._save_handles
 
 
+def _cold_save(sched: ADPConnector, worker: ADPConnector) -> list[bytes]:
+    """Cold request r1 (13 tokens, no hit) fills blocks 1..3 (its 12 full-block tokens), saved and indexed by the
+    scheduler; returns its block hashes."""
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    r1 = _request("r1", hashes, 13)
+    assert sched.get_num_new_matched_tokens(r1, 0) == (0, False)
+    sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
+    meta = sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4]))
+    assert [b for _, b, _ in meta.saves] == [1, 2, 3]
+    _save(worker, meta)
+    sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
+    sched.link.store.refresh()
+    return hashes
+
+
 def _restore(worker: ADPConnector, meta: Any, rid: str) -> Any:
     worker.bind_connector_metadata(meta)
     worker.start_load_kv(None)
@@ -119,16 +134,7 @@ def halves(request: pytest.FixtureRequest) -> Any:
 @native_contract
 def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
     tgt, sched, worker, kv = halves
-    hashes = [bytes([i]) * 32 for i in range(3)]
-    # cold: request r1 fills blocks 1..3 (12 of 13 tokens are full blocks)
-    r1 = _request("r1", hashes, 13)
-    assert sched.get_num_new_matched_tokens(r1, 0) == (0, False)
-    sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
-    meta = sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4]))
-    assert [b for _, b, _ in meta.saves] == [1, 2, 3]
-    _save(worker, meta)
-    sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
-    sched.link.store.refresh()
+    hashes = _cold_save(sched, worker)
     # warm: r2 shares the prefix -> async hit of 12 tokens, restored into blocks 5..7
     _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
     meta = sched.build_connector_meta(_sched_out("none", 0, []))
@@ -372,12 +378,7 @@ def test_a_dead_store_process_fails_its_restore_and_is_replaced() -> None:
         worker.register_kv_caches(kv)
         first = worker.link.store
         assert isinstance(first, StoreProcess) and first.pid != os.getpid()
-        hashes = [bytes([i]) * 32 for i in range(3)]
-        r1 = _request("r1", hashes, 13)
-        sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
-        _save(worker, sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4])))
-        sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
-        sched.link.store.refresh()
+        hashes = _cold_save(sched, worker)
         _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
         tgt.faults.set_delay(3.0)  # the restore is in flight when the helper dies
         worker.bind_connector_metadata(sched.build_connector_meta(_sched_out("none", 0, [])))
