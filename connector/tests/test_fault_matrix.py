@@ -117,10 +117,11 @@ class Ledger:
         return res
 
 
-@pytest.fixture
-def target() -> Iterator[Any]:
+@pytest.fixture(params=[0, 2], ids=["in-process", "io-workers"])
+def target(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The target with its I/O queues served in its own process, or by two worker processes."""
     t = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 * MiB, mdts_bytes=128 * 1024,
-                                       max_io_queues=8, queue_depth=64))
+                                       max_io_queues=8, queue_depth=64, io_workers=request.param))
     t.start()
     yield t
     t.stop()

@@ -25,9 +25,12 @@ from adp_connector.nvmeof.wire.sqe import (
 R, W = IoOpcode.READ, IoOpcode.WRITE
 
 
-@pytest.fixture(scope="module")
-def tgt():
-    with running_target(mdts_bytes=64 * 1024, maxh2cdata=16 * 1024, in_capsule_bytes=4096) as t:
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "io-workers"])
+def tgt(request):
+    """Every test here runs against both data planes: queues served in the target process, and
+    queues handed to worker processes (same wire behaviour, same faults, same counters)."""
+    with running_target(mdts_bytes=64 * 1024, maxh2cdata=16 * 1024, in_capsule_bytes=4096,
+                        io_workers=request.param) as t:
         yield t
 
 

@@ -178,12 +178,15 @@ def run_engine(spec: dict[str, Any], work: Path, timeout: float, profile: bool =
     return json.loads(Path(spec["result"]).read_text())
 
 
-def start_target(port: int, capacity: str, backing: str, work: Path) -> subprocess.Popen:
-    Path(backing).unlink(missing_ok=True)
-    log = open(work / "target.log", "w")  # noqa: SIM115 - lives as long as the target
+def start_target(port: int, capacity: str, backing: str, work: Path, workers: int = 0,
+                 fresh: bool = True) -> subprocess.Popen:
+    """The userspace target on ``backing``; ``fresh``: a new card, formatted (else: the same card restarted)."""
+    if fresh:
+        Path(backing).unlink(missing_ok=True)
+    log = open(work / "target.log", "a")  # noqa: SIM115 - lives as long as the target
     proc = subprocess.Popen([sys.executable, "-m", "adp_emulator", "serve", "--port", str(port), "--capacity",
-                             capacity, "--mdts", "1M", "--queues", "32", "--backing", backing], stdout=log,
-                            stderr=subprocess.STDOUT)
+                             capacity, "--mdts", "1M", "--queues", "32", "--backing", backing,
+                             "--io-workers", str(workers)], stdout=log, stderr=subprocess.STDOUT)
     from adp_connector.nvmeof.host import Controller, HostConfig
     from adp_connector.store import PageStore
 
@@ -196,7 +199,8 @@ def start_target(port: int, capacity: str, backing: str, work: Path) -> subproce
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise
             time.sleep(0.3)
-    PageStore.format(ctrl, partitions=2)
+    if fresh:
+        PageStore.format(ctrl, partitions=2)
     ctrl.close()
     return proc
 
@@ -221,6 +225,9 @@ def main() -> None:
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="torch.compile + CUDA graphs (vLLM's default; ~1 min more per engine start) instead of eager: "
                          "decode steps are then bound by the GPU, not by launching kernels")
+    ap.add_argument("--target-workers", type=int, default=0,
+                    help="the emulator's I/O worker processes (a warm variant may set target_workers=N: "
+                         "the same card is then served by a restarted target)")
     ap.add_argument("--warm-variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                     help="another warm arm after adp-warm, with these connector options changed (e.g. "
                          "inproc:io_process=false or q4:io_queues=4); repeatable")
@@ -264,21 +271,34 @@ def main() -> None:
         name, _, opts = v.partition(":")
         variants[f"adp-warm-{name}"] = {k: json.loads(x) for k, _, x in (o.partition("=") for o in opts.split(","))}
     tgt = None
+    tgt_workers = a.target_workers
+    card = "/dev/shm/adp-card.img"
     try:
         for arm in a.arms.split(",") + list(variants):
             spec = dict(base, tag=arm)
             if arm != "baseline":
+                extra = dict(variants.get(arm, {}))
+                want = extra.pop("target_workers", a.target_workers)
+                if tgt is not None and want != tgt_workers:  # same card, target restarted with other workers
+                    tgt.terminate()
+                    tgt.wait(10)
+                    tgt = start_target(a.port, a.capacity, card, out, want, fresh=False)
+                    tgt_workers = want
                 if tgt is None:
-                    tgt = start_target(a.port, a.capacity, "/dev/shm/adp-card.img", out)
+                    tgt = start_target(a.port, a.capacity, card, out, want)
+                    tgt_workers = want
                 spec["connector"] = connector
-                if arm in variants:
+                spec["target_workers"] = tgt_workers
+                if extra:
                     spec["connector"] = dict(connector, kv_connector_extra_config={
-                        **connector["kv_connector_extra_config"], **variants[arm]})
+                        **connector["kv_connector_extra_config"], **extra})
             if arm == "adp-cold":
                 spec["drain_s_per_gb"] = 0.5
             t = time.monotonic()
             report["arms"][arm] = run_engine(spec, out, a.engine_timeout, profile=arm in a.profile.split(","))
             report["arms"][arm]["wall_s"] = round(time.monotonic() - t, 1)
+            if "target_workers" in spec:
+                report["arms"][arm]["target_workers"] = spec["target_workers"]
             print(json.dumps({arm: report["arms"][arm].get("rows", report["arms"][arm])}), flush=True)
             (out / "restart.json").write_text(json.dumps(report, indent=1))
     finally:

@@ -38,6 +38,8 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-host", action="append", default=None, metavar="NQN", help="allowed host NQN (repeat)")
     s.add_argument("--allow-any-host", action="store_true", default=None)
     s.add_argument("--require-data-digest", action="store_true", default=None)
+    s.add_argument("--io-workers", type=int, metavar="N",
+                   help="serve I/O queues in N worker processes (default 0: all in this process)")
     _add_mgmt_args(s, port_default=None)
     s.add_argument("-v", "--verbose", action="store_true")
     m = sub.add_parser("mgmt", help="serve the management API for a kernel target (testbed up --backend kernel)")
@@ -165,7 +167,7 @@ def _settings(args: argparse.Namespace) -> Any:
                            ("mdts", "mdts_bytes", parse_size), ("queues", "max_io_queues", int),
                            ("queue_depth", "queue_depth", int), ("backing", "backing_path", str),
                            ("allow_host", "allowed_hosts", list), ("allow_any_host", "allow_any_host", bool),
-                           ("require_data_digest", "require_data_digest", bool)):
+                           ("require_data_digest", "require_data_digest", bool), ("io_workers", "io_workers", int)):
         val = getattr(args, opt)
         if val is not None:
             kw[key] = conv(val)

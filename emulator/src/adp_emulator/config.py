@@ -330,6 +330,7 @@ class AdpSettings:
     keep_alive_ms_default: int = 120_000
     backing: Backing = "ram"
     inline_data_size: int | None = None  # None: the MDTS (every single-command write goes in-capsule)
+    io_workers: int = 0  # worker processes serving the I/O queues (0: the target process serves them)
 
     def validate(self, where: str = "adp") -> None:
         """Raise ValueError naming the offending field."""
@@ -355,6 +356,8 @@ class AdpSettings:
             raise _fail(f"{where}.keep_alive_ms_default", f"must be >= 0, got {self.keep_alive_ms_default}")
         if self.backing not in ("ram", "file"):
             raise _fail(f"{where}.backing", f"must be 'ram' or 'file', got {self.backing!r}")
+        if not 0 <= self.io_workers <= 256:
+            raise _fail(f"{where}.io_workers", f"must be in [0, 256], got {self.io_workers}")
         if self.inline_data_size is not None and (self.inline_data_size < 0 or self.inline_data_size % 16):
             raise _fail(f"{where}.inline_data_size",
                         f"must be a non-negative multiple of 16, got {self.inline_data_size}")

@@ -40,7 +40,7 @@ def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
         nqn=None if args.config else args.nqn, capacity=None if args.config else args.capacity,
         lba_size=None if args.config else args.lba_size, mdts=None if args.config else args.mdts,
         backing=args.backing, allow_hosts=args.allow_host, allow_any_host=args.allow_any_host,
-        mgmt_port=0, mgmt_token_file=str(sdir / MGMT_TOKEN_FILE))
+        mgmt_port=0, mgmt_token_file=str(sdir / MGMT_TOKEN_FILE), io_workers=args.io_workers)
     try:
         got = T.launch_userspace(cmd, sdir / "target.log", timeout=args.timeout)
     except T.LaunchError as e:
@@ -191,6 +191,8 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lba-size", type=int, choices=[512, 4096], default=4096)
     p.add_argument("--mdts", type=parse_size, default=parse_size("128K"), help="max data transfer size")
     p.add_argument("--backing", help="file backing the namespace (persists across restarts); default RAM")
+    p.add_argument("--io-workers", type=int, default=None, metavar="N",
+                   help="userspace backend: serve I/O queues in N worker processes (default 0: one process)")
     p.add_argument("--config", help="nvmetcli JSON configuration (overrides --nqn/--capacity/...)")
     p.add_argument("--allow-host", action="append", help="host NQN allowed to connect (repeatable)")
     p.add_argument("--allow-any-host", action="store_true", help="allow any host NQN (default only on loopback)")

@@ -41,7 +41,7 @@ def userspace_command(host: str = "127.0.0.1", port: int = 0, nqn: str | None = 
                       lba_size: int | None = None, mdts: int | None = None, backing: str | None = None,
                       config: str | None = None, allow_hosts: list[str] | None = None,
                       allow_any_host: bool = False, mgmt_port: int | None = None,
-                      mgmt_token_file: str | None = None) -> list[str]:
+                      mgmt_token_file: str | None = None, io_workers: int | None = None) -> list[str]:
     cmd = [sys.executable, "-u", "-m", "adp_emulator", "serve", "--host", host, "--port", str(port)]
     if mgmt_port is not None:
         cmd += ["--mgmt-port", str(mgmt_port)]
@@ -49,7 +49,8 @@ def userspace_command(host: str = "127.0.0.1", port: int = 0, nqn: str | None = 
         cmd += ["--mgmt-token-file", str(Path(mgmt_token_file).resolve())]
     if config:
         cmd += ["--config", str(Path(config).resolve())]
-    for flag, value in (("--nqn", nqn), ("--capacity", capacity), ("--lba-size", lba_size), ("--mdts", mdts)):
+    for flag, value in (("--nqn", nqn), ("--capacity", capacity), ("--lba-size", lba_size), ("--mdts", mdts),
+                        ("--io-workers", io_workers)):
         if value is not None:
             cmd += [flag, str(value)]
     if backing:

@@ -143,14 +143,28 @@ class Connection:
         self.faults = target.faults
         self.mdts = self.settings.mdts_bytes
         self.thread: threading.Thread | None = None
+        self.handoff = False  # set by an I/O queue's Connect when the target serves it in a worker process
+        self.handed_off = False
+        self.worker: object | None = None  # the I/O worker serving this connection (set by the target)
 
     # ------------------------------------------------------------------------------------------------
     # Lifecycle
 
-    def run(self) -> None:
-        """Thread body: handshake, then PDUs until the peer leaves or a fatal error."""
+    def run(self, handshake: bool = True) -> None:
+        """Thread body: handshake, then PDUs until the peer leaves or a fatal error.
+
+        An I/O queue whose Connect the target wants served elsewhere (:attr:`handoff`) leaves the loop
+        right after its Connect response; the target then hands the socket to an I/O worker process.
+        ``handshake=False`` resumes such a connection in the worker (state set by :meth:`adopt`).
+        """
         try:
-            self._handshake()
+            if handshake:
+                self._handshake()
+            self._loop()
+            if self.handoff and self.target.hand_off(self):
+                self.handed_off = True
+                return
+            self.handoff = False
             self._loop()
         except PduError as e:
             log.debug("connection %s: %s", self.peer, e)
@@ -160,8 +174,9 @@ class Connection:
         except Exception:  # never let a client crash the target
             log.exception("connection %s: internal error", self.peer)
         finally:
-            self.close()
-            self.target._connection_gone(self)
+            if not self.handed_off:  # the socket lives on in a worker process
+                self.close()
+                self.target._connection_gone(self)
 
     def shutdown(self) -> None:
         """Wake the connection thread (from any thread) so it closes the connection."""
@@ -367,16 +382,7 @@ class Connection:
             raise PduError(FatalErrorStatus.INVALID_HEADER_FIELD, f"HPDA {req.hpda}", 10, raw)
         if self.settings.require_data_digest and not req.ddgst:
             raise PduError(FatalErrorStatus.UNSUPPORTED_PARAMETER, "data digest required", 11, raw)
-        self.hd, self.dd, self.hpda = req.hdgst, req.ddgst, req.hpda
-        self.fl_h = _HDGSTF if self.hd else 0
-        self.fl_hd = self.fl_h | (_DDGSTF if self.dd else 0)
-        pdo = 24 + (4 if self.hd else 0)
-        if self.hpda:
-            align = (self.hpda + 1) * 4
-            pdo = -(-pdo // align) * align
-        self.c2h_pdo = pdo
-        self.c2h = bytearray(pdo)
-        self.hview_c2h = memoryview(self.c2h)[:24]
+        self._set_transport(req.hdgst, req.ddgst, req.hpda)
         resp = ICResp(0, 0, self.hd, self.dd, self.settings.maxh2cdata)
         with self.send_lock:
             self.sock.sendall(encode_bytes(resp))
@@ -384,8 +390,36 @@ class Connection:
     # ------------------------------------------------------------------------------------------------
     # Main loop
 
+    def _set_transport(self, hd: bool, dd: bool, hpda: int) -> None:
+        """Digests and host PDU alignment as negotiated by ICReq/ICResp."""
+        self.hd, self.dd, self.hpda = hd, dd, hpda
+        self.fl_h = _HDGSTF if hd else 0
+        self.fl_hd = self.fl_h | (_DDGSTF if dd else 0)
+        pdo = 24 + (4 if hd else 0)
+        if hpda:
+            align = (hpda + 1) * 4
+            pdo = -(-pdo // align) * align
+        self.c2h_pdo = pdo
+        self.c2h = bytearray(pdo)
+        self.hview_c2h = memoryview(self.c2h)[:24]
+
+    def handoff_state(self) -> dict:
+        """What a worker process needs to go on serving this connected I/O queue (see :meth:`adopt`)."""
+        return {"hd": self.hd, "dd": self.dd, "hpda": self.hpda, "qid": self.qid, "sqsize": self.sqsize,
+                "sqhd": self.sqhd, "sqflow": self.sqflow, "peer": list(self.peer[:2]),
+                "readahead": bytes(self.rview[self.rpos:self.rend])}
+
+    def adopt(self, state: dict, ctrl: Controller) -> None:
+        """Take over a connection another process connected (its :meth:`handoff_state`)."""
+        self._set_transport(state["hd"], state["dd"], state["hpda"])
+        self.qid, self.sqsize, self.sqhd, self.sqflow = state["qid"], state["sqsize"], state["sqhd"], state["sqflow"]
+        self.ctrl = ctrl
+        ahead = state["readahead"]
+        self.rview[:len(ahead)] = ahead
+        self.rpos, self.rend = 0, len(ahead)
+
     def _loop(self) -> None:
-        while True:
+        while not self.handoff:
             t, span, pdo, dlen, has_dd = self._read_header()
             if t == _T_CMD:
                 self._on_capsule(span, pdo, dlen, has_dd)
@@ -630,6 +664,7 @@ class Connection:
                 if qid in ctrl.queues or ctrl.dead:
                     return C._err(C.SC_CMD_SEQ)
                 ctrl.queues[qid] = self
+            self.handoff = not discovery and t.serves_io_elsewhere()
         self.ctrl = ctrl
         self.qid = qid
         self.sqsize = sqsize
@@ -664,6 +699,7 @@ class Connection:
         if sqe.cdw10 & 0x7 != 0 or sqe.cdw11 != Property.CC:
             return C._err(C.SC_INVALID_FIELD)
         ctrl.set_cc(sqe.cdw12)
+        self.target.controller_changed(ctrl)
         return C.OK
 
     # -- Admin ----------------------------------------------------------------------------------------

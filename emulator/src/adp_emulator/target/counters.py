@@ -41,6 +41,18 @@ class IoCounters:
         for i, v in enumerate(other.hist):
             self.hist[i] += v
 
+    def state(self) -> tuple:
+        """Plain values, for crossing a process boundary (:meth:`from_state`)."""
+        return (self.commands, self.reads, self.writes, self.bytes_read, self.bytes_written, self.errors,
+                list(self.hist))
+
+    @classmethod
+    def from_state(cls, state: tuple) -> IoCounters:
+        c = cls()
+        c.commands, c.reads, c.writes, c.bytes_read, c.bytes_written, c.errors, hist = state
+        c.hist = list(hist)
+        return c
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-able snapshot; ``latency_us_log2`` maps a bucket's lower bound (us) to its count."""
         return {

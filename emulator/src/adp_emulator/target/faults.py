@@ -22,6 +22,9 @@ class Faults:
 
     def __init__(self, dropper: Callable[[], int], corrupter: Callable[[int, int, int, int], None]) -> None:
         self._lock = threading.Lock()
+        #: Told of every change of the per-command state (``wait``: the change came from a caller, who
+        #: must not return before every I/O worker process has it); see :meth:`snapshot`.
+        self.listener: Callable[[bool], None] | None = None
         self._dropper = dropper
         self._corrupter = corrupter
         self.delay_s = 0.0
@@ -34,6 +37,16 @@ class Faults:
     def _rearm(self) -> None:
         self.armed = bool(self.delay_s or self.device_full or self._fail_count or self._corrupt_reads)
 
+    def _changed(self, wait: bool = True) -> None:
+        if self.listener is not None:
+            self.listener(wait)
+
+    def snapshot(self) -> dict[str, object]:
+        """The state an I/O worker process mirrors; it asks :meth:`take_failure` /
+        :meth:`take_read_corruption` here whenever ``armed`` is set."""
+        with self._lock:
+            return {"armed": self.armed, "delay_s": self.delay_s, "device_full": self.device_full}
+
     def drop_connections(self) -> int:
         """Close every connection (admin, I/O, discovery); returns how many were closed."""
         return self._dropper()
@@ -44,6 +57,7 @@ class Faults:
         with self._lock:
             self.delay_s = float(seconds)
             self._rearm()
+        self._changed()
 
     def fail_next_io(self, count: int, status: Status | str = "INTERNAL_ERROR") -> None:
         """Complete the next ``count`` I/O commands with ``status`` (a Status or a status name)."""
@@ -54,6 +68,7 @@ class Faults:
             self._fail_count = count
             self._fail_status = st
             self._rearm()
+        self._changed()
 
     def corrupt(self, offset: int, length: int = 1, xor: int = 0xFF, nsid: int = 1) -> None:
         """XOR ``length`` stored bytes at byte ``offset`` of namespace ``nsid`` with ``xor``."""
@@ -63,11 +78,13 @@ class Faults:
         with self._lock:
             self._corrupt_reads = count
             self._rearm()
+        self._changed()
 
     def set_device_full(self, full: bool = True) -> None:
         with self._lock:
             self.device_full = bool(full)
             self._rearm()
+        self._changed()
 
     def clear(self) -> None:
         """Switch every fault off."""
@@ -77,6 +94,7 @@ class Faults:
             self._fail_count = 0
             self._corrupt_reads = 0
             self._rearm()
+        self._changed()
 
     # Used by the target.
     def take_failure(self) -> int:
@@ -86,7 +104,10 @@ class Faults:
                 return 0
             self._fail_count -= 1
             self._rearm()
-            return self._fail_status.word
+            word, last = self._fail_status.word, not self._fail_count
+        if last:
+            self._changed(wait=False)
+        return word
 
     def take_read_corruption(self) -> bool:
         with self._lock:
@@ -94,4 +115,7 @@ class Faults:
                 return False
             self._corrupt_reads -= 1
             self._rearm()
-            return True
+            last = not self._corrupt_reads
+        if last:
+            self._changed(wait=False)
+        return True

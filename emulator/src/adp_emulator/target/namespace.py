@@ -1,4 +1,8 @@
-"""Namespace backing store: one mmap (anonymous for RAM, shared file mapping for file backing)."""
+"""Namespace backing store: one shared mmap (a memfd for RAM, the file for file backing).
+
+The mapping is shared so that I/O worker processes (:mod:`.workers`) can map the same bytes from
+the descriptor they are handed (:attr:`Namespace.fd`).
+"""
 
 from __future__ import annotations
 
@@ -18,28 +22,35 @@ class Namespace:
     """
 
     def __init__(self, nsid: int, capacity: int, lba_size: int, path: str | None = None,
-                 nguid: bytes | None = None) -> None:
+                 nguid: bytes | None = None, fd: int | None = None) -> None:
         self.nsid = nsid
         self.capacity = capacity
         self.lba_size = lba_size
         self.lba_shift = lba_size.bit_length() - 1
         self.nsze = capacity >> self.lba_shift
         self.path = path
-        self._fd = -1
-        if path:
+        self._durable = bool(path)
+        if fd is not None:  # a worker process maps its owner's store
+            self._fd = os.dup(fd)
+        elif path:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(self._fd).st_size < capacity:
-                os.ftruncate(self._fd, capacity)  # sparse extension
-            self.mm = mmap.mmap(self._fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         else:
-            self.mm = mmap.mmap(-1, capacity)
+            self._fd = os.memfd_create(f"adp-ns{nsid}", os.MFD_CLOEXEC)
+        if os.fstat(self._fd).st_size < capacity:
+            os.ftruncate(self._fd, capacity)  # sparse extension
+        self.mm = mmap.mmap(self._fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.view = memoryview(self.mm)
         self.nguid = nguid or uuid.uuid5(uuid.NAMESPACE_URL, f"adp-kv/{path or 'ram'}/{nsid}").bytes
         self.uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"adp-kv/{path or 'ram'}/{nsid}/uuid").bytes
 
+    @property
+    def fd(self) -> int:
+        """The descriptor of the backing store (for handing to worker processes)."""
+        return self._fd
+
     def flush(self) -> None:
         """Make written data durable (msync + fsync for file backing; no-op for RAM)."""
-        if self._fd >= 0:
+        if self._durable and self._fd >= 0:
             self.mm.flush()
             os.fsync(self._fd)
 

@@ -18,6 +18,7 @@ from .counters import IoCounters
 from .faults import Faults
 from .namespace import Namespace
 from .settings import TargetSettings
+from .workers import IoWorkers
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,9 @@ class UserspaceTarget:
     """An NVMe/TCP target serving one NVM subsystem (namespace 1) plus the discovery subsystem.
 
     Threads: one acceptor, one per TCP connection (= queue), one housekeeping thread that expires
-    keep-alive timers. Shared state (the controller table) is guarded by ``self._lock``.
+    keep-alive timers. Shared state (the controller table) is guarded by ``self._lock``. With
+    ``settings.io_workers`` > 0, connected I/O queues are served by that many worker processes
+    (:mod:`.workers`); everything else stays here.
     """
 
     def __init__(self, settings: TargetSettings | None = None) -> None:
@@ -48,6 +51,7 @@ class UserspaceTarget:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._stopped = threading.Event()
+        self._workers: IoWorkers | None = None
 
     # ------------------------------------------------------------------------------------------------
     # Lifecycle
@@ -71,6 +75,16 @@ class UserspaceTarget:
             lst.close()
             self.namespaces.pop(1).close()
             raise
+        if s.io_workers:
+            workers = IoWorkers(self, s.io_workers)
+            try:
+                workers.start()
+            except BaseException:
+                lst.close()
+                self.namespaces.pop(1).close()
+                raise
+            self._workers = workers
+            self.faults.listener = workers.push_faults
         self._listener = lst
         self._address = (s.host, lst.getsockname()[1])
         self.started_at = time.monotonic()
@@ -106,6 +120,10 @@ class UserspaceTarget:
             if c.thread is not None:
                 c.thread.join(timeout=5)
         self._threads.clear()
+        if self._workers is not None:
+            self.faults.listener = None
+            self._workers.stop()
+            self._workers = None
         for ns in self.namespaces.values():
             ns.close()
         self._listener = None
@@ -160,6 +178,41 @@ class UserspaceTarget:
                     log.info("controller %d: keep-alive timeout (%d ms)", ctrl.cntlid, ctrl.kato_ms)
                     ctrl.csts |= CSTS_CFS  # nvmet_ctrl_fatal_error
                     self._teardown(ctrl)
+
+    # ------------------------------------------------------------------------------------------------
+    # I/O worker processes (used by connections and by the workers' link)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def serves_io_elsewhere(self) -> bool:
+        """True when connected I/O queues go to worker processes."""
+        return self._workers is not None
+
+    def hand_off(self, conn: Connection) -> bool:
+        """Pass a freshly connected I/O queue to a worker; False: serve it here."""
+        return self._workers is not None and not self._stopping.is_set() and self._workers.hand_off(conn)
+
+    def note_activity(self, cntlids: list[int]) -> None:
+        """Commands ran on these controllers' queues in a worker (resets their keep-alive timers)."""
+        now = time.monotonic()
+        with self._lock:
+            ctrls = [self._controllers.get(c) for c in cntlids]
+        for ctrl in ctrls:
+            if ctrl is not None:
+                ctrl.last_activity = now
+
+    def log_controller_error(self, cntlid: int, **entry: int) -> None:
+        with self._lock:
+            ctrl = self._controllers.get(cntlid)
+        if ctrl is not None:
+            ctrl.log_error(**entry)
+
+    def controller_changed(self, ctrl: Controller) -> None:
+        """CC was written: workers serving this controller's I/O queues learn its new status."""
+        if self._workers is not None and any(getattr(q, "worker", None) for q in list(ctrl.queues.values())):
+            self._workers.push_controller(ctrl.cntlid, ctrl.csts)
 
     # ------------------------------------------------------------------------------------------------
     # Controller table (used by connections)
@@ -241,6 +294,11 @@ class UserspaceTarget:
 
     def namespace_counters(self, nsid: int = 1) -> IoCounters:
         """Totals for a namespace: closed queues plus live I/O queues."""
+        if self._workers is not None:
+            self._workers.sync_counters()
+        return self._namespace_totals(nsid)
+
+    def _namespace_totals(self, nsid: int) -> IoCounters:
         total = IoCounters()
         with self._lock:
             total.add(self._retired.get(nsid, IoCounters()))
@@ -251,6 +309,8 @@ class UserspaceTarget:
 
     def counters(self) -> dict[str, Any]:
         """JSON-able snapshot: per-namespace totals, per-queue counters, controllers."""
+        if self._workers is not None:
+            self._workers.sync_counters()
         with self._lock:
             conns = [c for c in self._conns if c.qid >= 0 and c.ctrl is not None]
             ctrls = list(self._controllers.values())
@@ -260,7 +320,7 @@ class UserspaceTarget:
             d.update(cntlid=c.ctrl.cntlid, qid=c.qid, peer=f"{c.peer[0]}:{c.peer[1]}")  # type: ignore[union-attr]
             queues.append(d)
         return {
-            "namespaces": {str(n): self.namespace_counters(n).as_dict() for n in self.namespaces},
+            "namespaces": {str(n): self._namespace_totals(n).as_dict() for n in self.namespaces},
             "queues": sorted(queues, key=lambda d: (d["cntlid"], d["qid"])),
             "controllers": [C.counters_snapshot(c) for c in ctrls],
             "connections": len(self._conns),

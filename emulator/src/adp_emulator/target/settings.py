@@ -74,6 +74,8 @@ class TargetSettings:
     model: str = "ADP KV Emulator"
     firmware: str = "0.1.0"
     keep_alive_default_ms: int = 120_000  # KATO applied when Connect carries 0 (0 = none)
+    # Worker processes serving the I/O queues (0 = every queue in the target process); see target/workers.py.
+    io_workers: int = 0
 
     def __post_init__(self) -> None:
         if self.in_capsule_bytes is None and isinstance(self.mdts_bytes, int):
@@ -127,6 +129,7 @@ class TargetSettings:
         _ascii("model", self.model, 40)
         _ascii("firmware", self.firmware, 8)
         _int("keep_alive_default_ms", self.keep_alive_default_ms, 0, 0xFFFFFFFF)
+        _int("io_workers", self.io_workers, 0, 256)
 
     # Derived values.
     @property
@@ -180,6 +183,7 @@ def settings_from_config(cfg: NvmetConfig, port_index: int = 0, **overrides: Any
         "allow_any_host": sub.allow_any_host if sub else None,
         "in_capsule_bytes": adp.inline_data_size,
         "keep_alive_default_ms": adp.keep_alive_ms_default,
+        "io_workers": adp.io_workers,
     }
     if sub is not None:
         if sub.attrs.get("serial"):

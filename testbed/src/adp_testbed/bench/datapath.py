@@ -3,7 +3,9 @@
 For each (operation, pattern, request size, I/O queues, outstanding requests) it runs the ONE host
 client against a target for a fixed time and reports GB/s and IOPS; in the same run it measures
 plain Python loopback TCP streams with the same number of connections (the ceiling) and prints the
-ratio. Against the local userspace emulator by default, or ``--target ADDR:PORT --nqn NQN``.
+ratio. Against the local userspace emulator by default (``--target-workers`` I/O worker processes),
+or ``--target ADDR:PORT --nqn NQN``. ``--into pinned|gpu`` reads into page-locked memory, and for
+``gpu`` copies each landed read on into GPU memory before its buffer is reused (torch + CUDA).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ PRESETS = {
 @dataclass
 class Row:
     mdts: int
+    target_workers: int
+    into: str
     op: str
     pattern: str
     size: int
@@ -61,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mdts", default="128K", help="emulator MDTS, comma-separated for several targets (local only)")
     p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); skips the local emulator")
     p.add_argument("--nqn", help="subsystem NQN with --target (default: ask the discovery controller)")
+    p.add_argument("--target-workers", default="0",
+                   help="emulator I/O worker processes, comma-separated for several targets (local only)")
+    p.add_argument("--into", choices=["host", "pinned", "gpu"], default="host",
+                   help="where reads land: plain host memory, page-locked memory, or on into GPU memory")
     p.add_argument("--json", help="write results to this file")
 
 
@@ -68,12 +76,49 @@ def _list(text: str | None, default: list, conv=str) -> list:
     return [conv(x) for x in text.split(",")] if text else [conv(x) for x in default]
 
 
+class _GpuSink:
+    """Page-locked buffers whose landed reads are copied on into GPU memory on a side stream."""
+
+    def __init__(self, size: int, depth: int, to_gpu: bool) -> None:
+        import torch
+
+        self.torch = torch
+        self.host = torch.empty((depth, size), dtype=torch.uint8, pin_memory=True)
+        self.host.numpy()[:] = 1  # fault the pages in before timing
+        self.bufs = [memoryview(self.host[i].numpy()) for i in range(depth)]
+        self.to_gpu = to_gpu
+        if to_gpu:
+            self.dev = torch.empty((depth, size), dtype=torch.uint8, device="cuda")
+            self.stream = torch.cuda.Stream()
+            self.events: list = [None] * depth
+
+    def landed(self, i: int) -> None:
+        if self.to_gpu:
+            with self.torch.cuda.stream(self.stream):
+                self.dev[i].copy_(self.host[i], non_blocking=True)
+                ev = self.torch.cuda.Event()
+                ev.record(self.stream)
+            self.events[i] = ev
+
+    def reuse(self, i: int) -> None:
+        if self.to_gpu and self.events[i] is not None:
+            self.events[i].synchronize()  # the copy out of this buffer must finish before new data lands
+
+    def drain(self) -> None:
+        if self.to_gpu:
+            self.stream.synchronize()
+
+
 def run_point(ctrl: Controller, op: str, pattern: str, size: int, depth: int, seconds: float,
-              working_set: int) -> tuple[int, float]:
+              working_set: int, into: str = "host") -> tuple[int, float]:
     """Keep ``depth`` requests of ``size`` outstanding for ``seconds``; returns (bytes, elapsed)."""
     slots = max(1, working_set // size)
     rng = random.Random(size * 31 + depth)
-    bufs = [memoryview(bytearray(os.urandom(64)) * (size // 64)) for _ in range(depth)]
+    sink = _GpuSink(size, depth, into == "gpu") if into != "host" and op == "read" else None
+    if sink is not None:
+        bufs = sink.bufs
+    else:
+        bufs = [memoryview(bytearray(os.urandom(64)) * (size // 64)) for _ in range(depth)]
     inflight: deque[tuple[Future[None], int]] = deque()
     submit = ctrl.submit_read if op == "read" else ctrl.submit_write
     nxt = 0
@@ -87,13 +132,19 @@ def run_point(ctrl: Controller, op: str, pattern: str, size: int, depth: int, se
             i = free.pop()
             slot = nxt % slots if pattern == "seq" else rng.randrange(slots)
             nxt += 1
+            if sink is not None:
+                sink.reuse(i)
             inflight.append((submit(slot * size, bufs[i]), i))
         if not inflight:
             break
         fut, i = inflight.popleft()
         fut.result(60)
+        if sink is not None:
+            sink.landed(i)
         done_bytes += size
         free.append(i)
+    if sink is not None:
+        sink.drain()
     return done_bytes, time.perf_counter() - t0
 
 
@@ -109,16 +160,18 @@ def main(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     ceilings: dict[tuple[str, int, int], float] = {}
     mdts_list = [0] if args.target else _list(args.mdts, [], parse_size)
+    workers_list = [0] if args.target else _list(args.target_workers, [0], int)
+    point = dict(queues=queues, ops=ops, sizes=sizes, patterns=patterns, depths=depths, seconds=seconds, ws=ws,
+                 into=args.into)
     with StreamServer("127.0.0.1") as stream:
         for mdts in mdts_list:
             if args.target:
                 host, _, port = args.target.rpartition(":")
-                _run_target(host, int(port), args.nqn, 0, queues, ops, sizes, patterns, depths, seconds, ws, stream,
-                            ceilings, rows)
+                _run_target(host, int(port), args.nqn, 0, 0, stream, ceilings, rows, **point)
                 continue
-            with LocalTarget(capacity=max(ws * 2, 1 << 30), mdts=mdts) as got:
-                _run_target(got.traddr, got.trsvcid, got.subnqn, mdts, queues, ops, sizes, patterns, depths,
-                            seconds, ws, stream, ceilings, rows)
+            for nw in workers_list:
+                with LocalTarget(capacity=max(ws * 2, 1 << 30), mdts=mdts, io_workers=nw) as got:
+                    _run_target(got.traddr, got.trsvcid, got.subnqn, mdts, nw, stream, ceilings, rows, **point)
     summary = summarize(rows)
     print(json.dumps(summary, indent=2))
     if args.json:
@@ -128,9 +181,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_target(addr: str, port: int, nqn: str | None, mdts: int, queues: list[int], ops: list[str],
-                sizes: list[int], patterns: list[str], depths: list[int], seconds: float, ws: int,
-                stream: StreamServer, ceilings: dict, rows: list[Row]) -> None:
+def _run_target(addr: str, port: int, nqn: str | None, mdts: int, workers: int, stream: StreamServer,
+                ceilings: dict, rows: list[Row], *, queues: list[int], ops: list[str], sizes: list[int],
+                patterns: list[str], depths: list[int], seconds: float, ws: int, into: str) -> None:
     for q in queues:
         cfg = HostConfig(traddr=addr, trsvcid=port, subnqn=nqn, io_queues=q, queue_depth=128)
         with Controller.connect(cfg) as ctrl:
@@ -140,7 +193,7 @@ def _run_target(addr: str, port: int, nqn: str | None, mdts: int, queues: list[i
                 for off in range(0, ws_eff - len(fill) + 1, len(fill)):
                     ctrl.write(off, fill)
             print(f"# target {addr}:{port} {ctrl.config.subnqn}: max transfer {format_size(ctrl.max_transfer_bytes)}"
-                  f", {q} I/O queue(s)", file=sys.stderr)
+                  f", {q} I/O queue(s), {workers} target I/O worker(s), reads into {into}", file=sys.stderr)
             for op in ops:
                 for size in sizes:
                     key = (op, q, size)
@@ -149,13 +202,15 @@ def _run_target(addr: str, port: int, nqn: str | None, mdts: int, queues: list[i
                         ceilings[key] = max(stream.measure(q, total, min(size, 1 << 20), op) for _ in range(2))
                     for pattern in patterns:
                         for depth in depths:
-                            n, dt = run_point(ctrl, op, pattern, size, depth, seconds, ws_eff)
+                            n, dt = run_point(ctrl, op, pattern, size, depth, seconds, ws_eff, into)
                             gbps = n / dt / 1e9
-                            r = Row(mdts or ctrl.max_transfer_bytes, op, pattern, size, q, depth, round(dt, 3), n,
+                            r = Row(mdts or ctrl.max_transfer_bytes, workers, into if op == "read" else "host", op,
+                                    pattern, size, q, depth, round(dt, 3), n,
                                     round(gbps, 3), round(n / size / dt), round(ceilings[key], 3),
                                     round(gbps / ceilings[key], 3))
                             rows.append(r)
-                            print(f"mdts {format_size(r.mdts):>5} {op:5} {pattern:4} {format_size(size):>5} q={q} "
+                            print(f"mdts {format_size(r.mdts):>5} w={workers} {op:5} {pattern:4} "
+                                  f"{format_size(size):>5} q={q} "
                                   f"qd={depth:<3} {gbps:7.3f} GB/s {r.iops:9.0f} IOPS  ceiling {r.ceiling_gbps:6.3f}"
                                   f"  ratio {r.ratio:5.2f}", flush=True)
 
@@ -169,10 +224,14 @@ def summarize(rows: list[Row]) -> dict:
         out["one_queue_read_best"] = {"gbps": best.gbps, "ceiling_gbps": best.ceiling_gbps, "ratio": best.ratio,
                                       "size": best.size, "depth": best.depth}
     by_q: dict[int, float] = {}
+    by_wq: dict[str, dict[int, float]] = {}
     for r in rows:
         if r.op == "read":
             by_q[r.queues] = max(by_q.get(r.queues, 0.0), r.gbps)
+            d = by_wq.setdefault(str(r.target_workers), {})
+            d[r.queues] = max(d.get(r.queues, 0.0), r.gbps)
     out["read_gbps_by_queues"] = by_q
+    out["read_gbps_by_target_workers_and_queues"] = by_wq
     wr = [r for r in rows if r.op == "write"]
     if wr:
         best = max(wr, key=lambda r: r.gbps)
