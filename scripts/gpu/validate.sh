@@ -4,6 +4,7 @@
 # gpu-unit:    the connector's GPU data-path unit tests (side-stream copies, pinned shared staging).
 # correctness: gpu-unit, connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,
 #              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
+# datapath:    client reads into GPU memory through pinned buffers, 1..16 queues, target I/O workers 0/4/8.
 # restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
 # agents|sweep: `testbed bench agents|sweep --preset gpu` on the 8B shape (dummy weights, `vllm serve`), arms
 #              baseline, cpu-offload (vLLM's OffloadingConnector) and adp; BENCH_ARGS adds options (e.g.
@@ -43,6 +44,13 @@ case "$what" in
     timeout 120 python3 -m adp_testbed.cli bench datapath --sizes 1M --queues 1,4,8,16 --depths 32 --patterns seq \
       --ops read --seconds 2 --mdts 1M --working-set 2G --json "$out/datapath.json" > "$out/datapath.txt" 2>&1
     echo "datapath rc=$?"; tail -25 "$out/datapath.txt"
+    ;;
+  datapath)  # issue #7 item 6: client reads 1..16 queues into pinned memory and on into GPU memory, target
+             # with 0 / 4 / 8 I/O worker processes, stream ceiling in the same run
+    timeout 300 python3 -m adp_testbed.cli bench datapath --sizes 1M --queues 1,4,8,16 --depths 32 --patterns seq \
+      --ops read --seconds 2 --mdts 1M --working-set 2G --target-workers ${TARGET_WORKERS:-0,4,8} --into gpu \
+      --json "$out/datapath.json" > "$out/datapath.txt" 2>&1
+    echo "datapath rc=$?"; grep -v '^ \|^{\|^}' "$out/datapath.txt" | tail -20
     ;;
   restart)
     python3 "$root/scripts/gpu/restart_ttft.py" --out "$out" ${RESTART_ARGS:-}
