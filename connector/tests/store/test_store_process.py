@@ -170,3 +170,54 @@ def test_the_helper_does_not_outlive_its_owner(target, tmp_path) -> None:
         owner.kill()
         owner.wait()
 
+
+
+def test_group_spreads_loads_and_reloads_what_a_reader_has_not_indexed(target, arena) -> None:
+    """StoreGroup: saves through the writer, load batches taken in turn by the writer and a reader; pages saved
+    after the reader's last refresh (here it never refreshes on a miss) come back MISSING there and are loaded
+    again through the writer, so every load succeeds with the right bytes."""
+    from dataclasses import replace
+
+    from adp_connector.store.process import StoreGroup
+
+    cfg = replace(_cfg(), miss_refresh_gap_s=-1.0)
+    g = StoreGroup.start(Controller.connect, (_host(target),), cfg, arena, readers=1)
+    try:
+        assert g.alive and len({g.writer.pid, g.readers[0].pid, os.getpid()}) == 3
+        assert g.readers[0].info["partition"] is None and g.info["partition"] is not None
+        data = [_page(i) for i in range(4)]
+        view = memoryview(arena.map)
+        for i, d in enumerate(data):
+            view[i * PAGE:(i + 1) * PAGE] = d
+        keys = [bytes([40 + i]) * 32 for i in range(4)]
+        assert all(r.ok for r in g.save_batch(keys, [view[i * PAGE:(i + 1) * PAGE] for i in range(4)]).wait(20))
+        for _ in range(4):  # writer, reader, writer, reader
+            view[4 * PAGE:8 * PAGE] = bytes(4 * PAGE)
+            h = g.load_batch(keys, [view[(4 + i) * PAGE:(5 + i) * PAGE] for i in range(4)])
+            assert [r.status for r in h.wait(20)] == [PageStatus.OK] * 4
+            assert [bytes(view[(4 + i) * PAGE:(5 + i) * PAGE]) for i in range(4)] == data
+        reader = g.readers[0].stats()
+        assert reader["misses"] == 8 and reader["pages_loaded"] == 0  # the reader never saw them ...
+        assert g.writer.stats()["pages_loaded"] == 16  # ... the writer served its own turns and the retries
+        view.release()
+    finally:
+        g.close()
+    assert not g.alive
+
+
+def test_group_reports_the_first_helper_exit_once(target, arena) -> None:
+    from adp_connector.store.process import StoreGroup
+
+    exits: list[str] = []
+    g = StoreGroup.start(Controller.connect, (_host(target),), _cfg(), arena, readers=2, on_exit=exits.append)
+    try:
+        g.readers[1].kill()
+        deadline = time.monotonic() + 10
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(exits) == 1 and "exited" in exits[0] and not g.alive
+        g.writer.kill()
+        time.sleep(0.3)
+        assert len(exits) == 1
+    finally:
+        g.close()

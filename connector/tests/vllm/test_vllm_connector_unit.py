@@ -28,11 +28,11 @@ native_contract = pytest.mark.skipif(not _HAS_FAILED_RECVING, reason="vLLM >= 0.
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 
 
-def _vllm_config(port: int, io_process: bool = True) -> Any:
+def _vllm_config(port: int, io_process: bool = True, **extra: Any) -> Any:
     return SimpleNamespace(
         kv_transfer_config=SimpleNamespace(
             kv_connector_extra_config={"trsvcid": port, "refresh_interval_s": 0, "retry_interval_s": 0.2,
-                                       "io_process": io_process},
+                                       "io_process": io_process, **extra},
             kv_load_failure_policy="recompute", is_kv_producer=True),
         parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
         model_config=SimpleNamespace(model="unit-model", revision=None, dtype="bfloat16",
@@ -52,11 +52,11 @@ def _kvc(spec: Any = None, num_blocks: int = 16) -> KVCacheConfig:
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
 
 
-def _target_and_halves(io_process: bool = True) -> tuple[UserspaceTarget, ADPConnector, ADPConnector]:
+def _target_and_halves(io_process: bool = True, **extra: Any) -> tuple[UserspaceTarget, ADPConnector, ADPConnector]:
     """A fresh userspace target and the scheduler and worker halves of a connector on it (one full-attention
     group of LAYERS; the worker's page I/O in a helper process unless ``io_process`` is False)."""
     tgt = UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)).start()
-    cfg, kvc = _vllm_config(tgt.address[1], io_process), _kvc()
+    cfg, kvc = _vllm_config(tgt.address[1], io_process, **extra), _kvc()
     return tgt, ADPConnector(cfg, KVConnectorRole.SCHEDULER, kvc), ADPConnector(cfg, KVConnectorRole.WORKER, kvc)
 
 
@@ -367,17 +367,20 @@ def test_restore_into_a_strided_kv_layout() -> None:
 
 
 @native_contract
-def test_a_dead_store_process_fails_its_restore_and_is_replaced() -> None:
+@pytest.mark.parametrize("load_processes", [1, 2], ids=["one-helper", "helper-group"])
+def test_a_dead_store_process_fails_its_restore_and_is_replaced(load_processes: int) -> None:
     """The worker's I/O helper killed with a restore in flight: that restore fails (-> recompute), the link starts
-    a new helper, and the next restore of the same pages works."""
-    from adp_connector.store.process import StoreProcess
+    a new helper, and the next restore of the same pages works. With a group (``load_processes``), the writer is
+    killed; the surviving reader is stopped and the whole group replaced."""
+    from adp_connector.store.process import StoreGroup, StoreProcess
 
-    tgt, sched, worker = _target_and_halves(io_process=True)
+    kind = StoreProcess if load_processes == 1 else StoreGroup
+    tgt, sched, worker = _target_and_halves(io_process=True, load_processes=load_processes)
     try:
         kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
         worker.register_kv_caches(kv)
         first = worker.link.store
-        assert isinstance(first, StoreProcess) and first.pid != os.getpid()
+        assert isinstance(first, kind) and first.pid != os.getpid()
         hashes = _cold_save(sched, worker)
         _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
         tgt.faults.set_delay(3.0)  # the restore is in flight when the helper dies
@@ -395,8 +398,13 @@ def test_a_dead_store_process_fails_its_restore_and_is_replaced() -> None:
         assert res.failed_recving == {"r2"} and worker._stats["load_fallbacks"] == 1
         tgt.faults.set_delay(0.0)
         second = worker.link.wait_ready(20)
-        assert isinstance(second, StoreProcess) and second is not first and second.alive
+        assert isinstance(second, kind) and second is not first and second.alive
         assert worker.link.process_restarts == 1
+        if isinstance(first, StoreGroup):  # the old group's reader does not linger
+            deadline = time.monotonic() + 10
+            while first.readers[0].alive and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not first.readers[0].alive
         _offered(sched, "r3", hashes, 13, [9, 10, 11, 12], hit=12)
         assert not _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r3").failed_recving
         for n in LAYERS:

@@ -18,6 +18,7 @@ decides whether to start another (:class:`adp_connector.vllm.backend.StoreLink` 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import mmap
 import os
@@ -311,6 +312,115 @@ class StoreProcess:
     def kill(self) -> None:
         """Kill the helper (tests: a crash); pending batches fail and ``on_exit`` runs."""
         self._proc.kill()
+
+
+class StoreGroup:
+    """One writer helper plus reader helpers, used like one :class:`StoreProcess`.
+
+    A single helper is one interpreter: on the H200 it moved ~6-8 GB/s of restores (socket receive, checksums)
+    while the target could serve more. Here saves, discards and lookups go to the writer (the partition owner);
+    load batches go to the helpers in turn, each with its own NVMe/TCP controller. A reader indexes other
+    writers' pages through its refreshes, so pages the writer saved since a reader's last refresh may come back
+    MISSING there: those are loaded again through the writer before the batch completes.
+    """
+
+    def __init__(self, writer: StoreProcess, readers: list[StoreProcess]) -> None:
+        self.writer = writer
+        self.readers = readers
+        self._members = [writer, *readers]
+        self._turn = 0
+        self._lock = threading.Lock()
+        self.info = writer.info
+
+    @classmethod
+    def start(cls, open_device: Callable[..., Any], device_args: tuple, config: StoreConfig, arena: SharedArena, *,
+              readers: int, timeout: float = 30.0, on_exit: Callable[[str], None] | None = None) -> StoreGroup:
+        """Start the writer with ``config`` and ``readers`` read-only helpers; ``on_exit`` runs once, when the
+        first of them exits (the owner then replaces the whole group)."""
+        fired = threading.Event()
+
+        def exited(reason: str) -> None:
+            if not fired.is_set():
+                fired.set()
+                if on_exit is not None:
+                    on_exit(reason)
+
+        started: list[StoreProcess] = []
+        try:
+            started.append(StoreProcess.start(open_device, device_args, config, arena, timeout=timeout,
+                                              on_exit=exited))
+            rc = dataclasses.replace(config, writer=False, writer_label=f"{config.writer_label} reader")
+            for _ in range(readers):
+                started.append(StoreProcess.start(open_device, device_args, rc, arena, timeout=timeout,
+                                                  on_exit=exited))
+        except BaseException:
+            fired.set()
+            for sp in started:
+                sp.close()
+            raise
+        return cls(started[0], started[1:])
+
+    @property
+    def pid(self) -> int:
+        return self.writer.pid
+
+    @property
+    def alive(self) -> bool:
+        return all(m.alive for m in self._members)
+
+    def save_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
+        return self.writer.save_batch(keys, buffers)
+
+    def load_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
+        with self._lock:
+            member = self._members[self._turn % len(self._members)]
+            self._turn += 1
+        first = member.load_batch(keys, buffers)
+        if member is self.writer:
+            return first
+        out = BatchHandle("load", len(keys))
+
+        def retry_missing(h: BatchHandle) -> None:
+            res = list(h.wait(0))
+            again = [i for i, r in enumerate(res) if r.status is PageStatus.MISSING]
+            if not again:
+                out._set(res)
+                return
+
+            def merged(h2: BatchHandle) -> None:
+                for i, r in zip(again, h2.wait(0), strict=True):
+                    res[i] = r
+                out._set(res)
+
+            self.writer.load_batch([keys[i] for i in again], [buffers[i] for i in again]).add_done_callback(merged)
+
+        first.add_done_callback(retry_missing)
+        return out
+
+    def discard(self, keys: Iterable[bytes], timeout: float = 30.0) -> int:
+        return self.writer.discard(keys, timeout)
+
+    def contains(self, keys: Iterable[bytes], timeout: float = 30.0) -> list[bool]:
+        return self.writer.contains(keys, timeout)
+
+    def stats(self, timeout: float = 30.0) -> dict[str, float]:
+        """The writer's counters plus every reader's (summed)."""
+        total = dict(self.writer.stats(timeout))
+        for r in self.readers:
+            for k, v in r.stats(timeout).items():
+                total[k] = total.get(k, 0) + v
+        lb, ls = total.get("bytes_loaded", 0), total.get("load_seconds", 0)
+        total["load_gbps"] = lb / ls / 1e9 if ls else 0.0
+        return total
+
+    def close(self, release: bool = True, timeout: float = 30.0) -> None:
+        for r in self.readers:
+            r.close(True, timeout)
+        self.writer.close(release, timeout)
+
+    def kill(self) -> None:
+        """Kill the writer (tests: a crash)."""
+        self.writer.kill()
 
 
 # ---------------------------------------------------------------------- the helper process

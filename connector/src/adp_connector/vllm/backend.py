@@ -6,8 +6,9 @@ None and the connector acts as "no cache". Once up, the controller reconnects by
 ``DeviceUnavailable`` meanwhile, which the callers turn into misses / dropped saves).
 
 Given an ``arena`` (the worker side, option ``io_process``), the controller and store live in a helper process
-(:class:`~adp_connector.store.process.StoreProcess`) that moves pages in and out of the arena; if that process
-dies, ``store`` turns None and the link starts another.
+(:class:`~adp_connector.store.process.StoreProcess`) that moves pages in and out of the arena, or in several
+(``load_processes``: a :class:`~adp_connector.store.process.StoreGroup`); if one dies, ``store`` turns None and
+the link starts the helpers again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 from ..nvmeof.host import Controller, HostConfig
 from ..store import PageStore, StoreConfig
-from ..store.process import SharedArena, StoreProcess
+from ..store.process import SharedArena, StoreGroup, StoreProcess
 from .config import ADPConfig
 
 log = logging.getLogger("vllm.adp_kv.backend")
@@ -38,22 +39,23 @@ class StoreLink:
         self._label = label
         self._lock = threading.Lock()
         self._ctrl: Controller | None = None
-        self._store: PageStore | StoreProcess | None = None
+        self._store: PageStore | StoreProcess | StoreGroup | None = None
         self._stop = threading.Event()
         self.last_error: str = ""
         self.process_restarts = 0
         self._start_thread()
 
-    def _start_thread(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"adpkv-link-{self._label}", daemon=True)
+    def _start_thread(self, old: StoreGroup | None = None) -> None:
+        self._thread = threading.Thread(target=self._run, args=(old,), name=f"adpkv-link-{self._label}",
+                                        daemon=True)
         self._thread.start()
 
     @property
-    def store(self) -> PageStore | StoreProcess | None:
+    def store(self) -> PageStore | StoreProcess | StoreGroup | None:
         """The open store, or None while the target is unreachable."""
         return self._store
 
-    def wait_ready(self, timeout: float) -> PageStore | StoreProcess | None:
+    def wait_ready(self, timeout: float) -> PageStore | StoreProcess | StoreGroup | None:
         """Wait up to ``timeout`` seconds for the store (tests, start-up)."""
         deadline = time.monotonic() + timeout
         while self._store is None and time.monotonic() < deadline and not self._stop.is_set():
@@ -69,11 +71,16 @@ class StoreLink:
                          preferred_partition=self._partition, verify=c.verify,
                          refresh_interval_s=c.refresh_interval_s, io_threads=c.io_threads,
                          max_io_bytes=c.max_io_kib << 10, io_timeout_s=max(c.load_timeout_s, 1.0))
-        store: PageStore | StoreProcess
+        store: PageStore | StoreProcess | StoreGroup
         ctrl: Controller | None = None
         if self.arena is not None:
-            store = StoreProcess.start(Controller.connect, (hc,), sc, self.arena, on_exit=self._process_exited,
-                                       timeout=2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10)
+            wait = 2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10
+            if c.load_processes > 1:
+                store = StoreGroup.start(Controller.connect, (hc,), sc, self.arena, readers=c.load_processes - 1,
+                                         on_exit=self._process_exited, timeout=wait)
+            else:
+                store = StoreProcess.start(Controller.connect, (hc,), sc, self.arena, on_exit=self._process_exited,
+                                           timeout=wait)
         else:
             ctrl = Controller.connect(hc)
             try:
@@ -94,13 +101,19 @@ class StoreLink:
         with self._lock:
             if self._stop.is_set():
                 return
+            old = self._store
             self._store = None
             self.process_restarts += 1
             self.last_error = reason
         log.warning("ADP KV: %s; serving without the cache until a new store process is up", reason)
-        self._start_thread()
+        self._start_thread(old if isinstance(old, StoreGroup) else None)
 
-    def _run(self) -> None:
+    def _run(self, old: StoreGroup | None = None) -> None:
+        if old is not None:  # the group's surviving helpers go first (the writer's lease is handed back)
+            try:
+                old.close(release=True, timeout=10)
+            except Exception as exc:
+                log.debug("ADP KV: closing the old store helpers: %s", exc)
         warned = False
         while not self._stop.is_set():
             try:

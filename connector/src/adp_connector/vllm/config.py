@@ -39,6 +39,7 @@ class ADPConfig:
     min_hit_blocks: int = 1
     io_threads: int = 2
     io_process: bool = True
+    load_processes: int = 1
     max_io_kib: int = 0
     audit_path: str | None = None
 
@@ -68,12 +69,14 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "io_threads": ((int,), "concurrent store batches per process"),
     "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
+    "load_processes": ((int,), "worker, with io_process: helper processes restores are spread over (1 writer + "
+                       "read-only helpers, each with its own NVMe/TCP connection)"),
     "max_io_kib": ((int,), "split device commands at this size (0: the controller's MDTS)"),
     "audit_path": ((str, type(None)), "test/acceptance only: directory where every saved and restored page's "
                    "digest and the connector counters are recorded"),
 }
 
-_POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks"}
+_POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks", "load_processes"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
                  "max_pending_save_mb", "max_io_kib", "staging_mb"}
 
