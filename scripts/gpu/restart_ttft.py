@@ -281,7 +281,7 @@ def main() -> None:
     report: dict[str, Any] = {"shape": a.shape, "kv_bytes_per_token": kv_per_token, "lengths": lengths, "arms": {}}
     connector = {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                  "kv_connector_module_path": "adp_connector.vllm.connector",
-                 "kv_connector_extra_config": {"trsvcid": a.port, "io_queues": 8, "io_threads": 4,
+                 "kv_connector_extra_config": {"trsvcid": a.port, "io_queues": 8, "io_threads": 4, "load_processes": 1,
                                                "max_pending_save_mb": 32768, "staging_mb": 8192,
                                                "load_timeout_s": 300.0}}
     base = {"model": str(model), "max_model_len": max([*lengths, a.decode_context]) + a.decode_tokens + 64,
