@@ -218,10 +218,10 @@ def open_admin(addr: tuple[str, int], hdgst: bool = False, ddgst: bool = False, 
 
 
 def open_io(addr: tuple[str, int], cntlid: int, qid: int = 1, sqsize: int = 32, hdgst: bool = False,
-            ddgst: bool = False, cattr: int = 0, hostnqn: str = HOSTNQN) -> RawQueue:
+            ddgst: bool = False, cattr: int = 0, hostnqn: str = HOSTNQN, subnqn: str = SUBNQN) -> RawQueue:
     q = RawQueue(addr)
     q.icreq(hdgst, ddgst)
-    cqe = q.connect(qid, sqsize, cntlid=cntlid, cattr=cattr, hostnqn=hostnqn)
+    cqe = q.connect(qid, sqsize, cntlid=cntlid, subnqn=subnqn, cattr=cattr, hostnqn=hostnqn)
     assert cqe.status.ok, cqe
     return q
 

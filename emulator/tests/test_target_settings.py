@@ -11,8 +11,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from target_client import open_admin
+from target_client import open_admin, open_io
 
+from adp_connector.nvmeof.wire.constants import IoOpcode
+from adp_connector.nvmeof.wire.sqe import rw_cmd
 from adp_emulator.target import TargetSettings, UserspaceTarget, parse_size, settings_from_config
 
 
@@ -49,7 +51,9 @@ def test_settings_from_config(tmp_path) -> None:
     config = pytest.importorskip("adp_emulator.config")
     cfg = config.default_config(port=4555, nqn="nqn.2026-11.io.awide:test", backing_path=str(tmp_path / "b.img"))
     cfg.adp.capacity_bytes = 1 << 24
+    cfg.adp.io_workers = 3
     s = settings_from_config(cfg)
+    assert s.io_workers == 3
     assert (s.port, s.subnqn, s.capacity_bytes, s.backing_path) == (
         4555, "nqn.2026-11.io.awide:test", 1 << 24, str(tmp_path / "b.img"))
     assert s.allow_any_host is True and s.in_capsule_bytes == (cfg.adp.inline_data_size or s.mdts_bytes)
@@ -60,12 +64,15 @@ def test_cli_serve_ready_and_sigterm(tmp_path) -> None:
     backing = tmp_path / "cli.img"
     p = subprocess.Popen(
         [sys.executable, "-m", "adp_emulator", "serve", "--port", "0", "--capacity", "4M", "--lba-size", "512",
-         "--mdts", "64K", "--backing", str(backing), "--nqn", "nqn.2026-11.io.awide:cli"],
+         "--mdts", "64K", "--backing", str(backing), "--nqn", "nqn.2026-11.io.awide:cli", "--io-workers", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline().split()
         assert line[:2] == ["ADP-EMULATOR", "READY"] and line[4] == "nqn.2026-11.io.awide:cli"
         q = open_admin((line[2], int(line[3])), subnqn="nqn.2026-11.io.awide:cli")
+        io = open_io((line[2], int(line[3])), q.cntlid, subnqn="nqn.2026-11.io.awide:cli")  # served by the worker
+        assert io.cmd(rw_cmd(IoOpcode.READ, 1, 0, 1, 512))[0].status.ok
+        io.close()
         q.close()
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=10) == 0
