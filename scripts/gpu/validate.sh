@@ -5,6 +5,7 @@
 # correctness: gpu-unit, connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,
 #              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
 # datapath:    client reads into GPU memory through pinned buffers, 1..16 queues, target I/O workers 0/4/8.
+# restore-path: `testbed bench restore-path` (helper processes x target workers, into GPU memory) under py-spy.
 # restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
 # agents|sweep: `testbed bench agents|sweep --preset gpu` on the 8B shape (dummy weights, `vllm serve`), arms
 #              baseline, cpu-offload (vLLM's OffloadingConnector) and adp; BENCH_ARGS adds options (e.g.
@@ -51,6 +52,14 @@ case "$what" in
       --ops read --seconds 2 --mdts 1M --working-set 2G --target-workers ${TARGET_WORKERS:-0,4,8} --into gpu \
       --json "$out/datapath.json" > "$out/datapath.txt" 2>&1
     echo "datapath rc=$?"; grep -v '^ \|^{\|^}' "$out/datapath.txt" | tail -20
+    ;;
+  restore-path)  # the connector's restore machinery without vLLM: helpers x target workers, into GPU memory,
+                 # sampled by py-spy (every process: bench, target, its workers, the helpers)
+    py-spy record --subprocesses --nonblocking -r 50 -f raw -o "$out/restore-path.pyspy.txt" -- \
+      python3 -m adp_testbed.cli bench restore-path --into gpu --json "$out/restore-path.json" \
+      ${RESTORE_ARGS:---gb 8 --helpers 1,2,4,8 --target-workers 4,8} > "$out/restore-path.txt" 2>&1
+    echo "restore-path rc=$?"; grep -v "^py-spy\|^Sampling\|^Stopped\|^Wrote" "$out/restore-path.txt" | tail -12
+    gzip -f "$out/restore-path.pyspy.txt"
     ;;
   restart)
     python3 "$root/scripts/gpu/restart_ttft.py" --out "$out" ${RESTART_ARGS:-}

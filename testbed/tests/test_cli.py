@@ -132,6 +132,19 @@ def test_bench_datapath_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert all(r["gbps"] > 0 and r["ceiling_gbps"] > 0 and r["ratio"] > 0 for r in rows)
 
 
+def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Pages saved once, restored through one helper and through a group of two, against a target in one
+    process and one with an I/O worker: every point restores every page (a failure raises) and reports CPU."""
+    out = tmp_path / "rp.json"
+    assert main(["bench", "restore-path", "--gb", "0.04", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4",
+                 "--helpers", "1,2", "--queues", "2", "--target-workers", "0,1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["target_workers"], r["helpers"]) for r in rows] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert all(r["gbps"] > 0 and r["ratio"] > 0 and r["helpers_cpu_s"] > 0 and r["bytes"] >= 40_000_000 - (256 << 10)
+               for r in rows)
+    assert "restore" in capsys.readouterr().out
+
+
 def test_state_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADP_KV_STATE_DIR", str(tmp_path / "env-state"))
     assert S.state_dir() == tmp_path / "env-state" and os.path.isdir(tmp_path / "env-state")

@@ -4,6 +4,7 @@
     testbed status [--json]
     testbed down
     testbed bench datapath [--preset quick|full] [--target ADDR:PORT --nqn NQN]
+    testbed bench restore-path [--helpers 1,2,4] [--target-workers 0,4] [--into gpu]
     testbed demo
 """
 
@@ -225,6 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     sb = bsub.add_parser("store", help="page-store save/load GB/s vs the raw client on the same target")
     store_bench.add_arguments(sb)
     sb.set_defaults(func=store_bench.main)
+    from .bench import restore as restore_path_bench
+
+    rb = bsub.add_parser("restore-path", help="the connector's restore machinery without vLLM: helper processes "
+                         "loading pages through staging slabs (and on into GPU memory), GB/s and CPU per process")
+    restore_path_bench.add_arguments(rb)
+    rb.set_defaults(func=restore_path_bench.main)
     from .bench import agents as agents_bench
     from .bench import restart as restart_bench
     from .bench import sweep as sweep_bench
