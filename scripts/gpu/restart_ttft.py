@@ -201,13 +201,13 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def start_target(port: int, capacity: str, backing: str, work: Path, workers: int = 0,
-                 fresh: bool = True) -> subprocess.Popen:
+                 fresh: bool = True, mdts: str = "1M") -> subprocess.Popen:
     """The userspace target on ``backing``; ``fresh``: a new card, formatted (else: the same card restarted)."""
     if fresh:
         Path(backing).unlink(missing_ok=True)
     log = open(work / "target.log", "a")  # noqa: SIM115 - lives as long as the target
     proc = subprocess.Popen([sys.executable, "-m", "adp_emulator", "serve", "--port", str(port), "--capacity",
-                             capacity, "--mdts", "1M", "--queues", "32", "--backing", backing,
+                             capacity, "--mdts", mdts, "--queues", "32", "--backing", backing,
                              "--io-workers", str(workers)], stdout=log, stderr=subprocess.STDOUT)
     from adp_connector.nvmeof.host import Controller, HostConfig
     from adp_connector.store import PageStore
@@ -247,6 +247,7 @@ def main() -> None:
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="torch.compile + CUDA graphs (vLLM's default; ~1 min more per engine start) instead of eager: "
                          "decode steps are then bound by the GPU, not by launching kernels")
+    ap.add_argument("--mdts", default="1M", help="the emulator's max data transfer size")
     ap.add_argument("--target-workers", type=int, default=0,
                     help="the emulator's I/O worker processes (a warm variant may set target_workers=N: "
                          "the same card is then served by a restarted target)")
@@ -304,10 +305,10 @@ def main() -> None:
                 if tgt is not None and want != tgt_workers:  # same card, target restarted with other workers
                     tgt.terminate()
                     tgt.wait(10)
-                    tgt = start_target(a.port, a.capacity, card, out, want, fresh=False)
+                    tgt = start_target(a.port, a.capacity, card, out, want, fresh=False, mdts=a.mdts)
                     tgt_workers = want
                 if tgt is None:
-                    tgt = start_target(a.port, a.capacity, card, out, want)
+                    tgt = start_target(a.port, a.capacity, card, out, want, mdts=a.mdts)
                     tgt_workers = want
                 spec["connector"] = connector
                 spec["target_workers"] = tgt_workers

@@ -137,7 +137,8 @@ def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
     process and one with an I/O worker: every point restores every page (a failure raises) and reports CPU."""
     out = tmp_path / "rp.json"
     assert main(["bench", "restore-path", "--gb", "0.04", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4",
-                 "--helpers", "1,2", "--queues", "2", "--target-workers", "0,1", "--json", str(out)]) == 0
+                 "--helpers", "1,2", "--queues", "2", "--target-workers", "0,1", "--mdts", "128K",
+                 "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [(r["target_workers"], r["helpers"]) for r in rows] == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert all(r["gbps"] > 0 and r["ratio"] > 0 and r["helpers_cpu_s"] > 0 and r["bytes"] >= 40_000_000 - (256 << 10)

@@ -80,6 +80,40 @@ class BlockDevice(Protocol):
         ...
 
 
+class ScatterList:
+    """Buffers one transfer lands in, in order (a host-side scatter list).
+
+    A device that offers ``submit_readv(offset, bufs)`` (optional: the NVMe/TCP client does) reads
+    ``sum(len(b))`` contiguous bytes into several buffers with as few commands as one buffer of that
+    size would take; the page store uses it to read a page's header and payload in one command.
+    Slicing (``[start:stop]``, step 1) gives the scatter list of that byte range.
+    """
+
+    __slots__ = ("nbytes", "views")
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views = [v for v in views if len(v)]
+        self.nbytes = sum(len(v) for v in self.views)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __getitem__(self, s: slice) -> ScatterList:
+        start, stop, step = s.indices(self.nbytes)
+        if step != 1:
+            raise ValueError("a scatter list slices contiguously")
+        out: list[memoryview] = []
+        pos = 0
+        for v in self.views:
+            end = pos + len(v)
+            if end > start and pos < stop:
+                out.append(v[max(start - pos, 0):min(stop, end) - pos])
+            pos = end
+            if pos >= stop:
+                break
+        return ScatterList(out)
+
+
 def check_aligned(offset: int, length: int, lba_size: int, capacity: int) -> None:
     """Raise ValueError unless [offset, offset+length) is LBA-aligned and inside the namespace."""
     if offset < 0 or length < 0:

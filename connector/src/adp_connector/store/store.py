@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from ..device import BlockDevice, Buffer
+from ..device import BlockDevice, Buffer, ScatterList
 from .alloc import ExtentAllocator
 from .format import (
     EMPTY_SLOT,
@@ -135,6 +135,8 @@ class PageStore:
         self._lba = lba
         step = cfg.max_io_bytes // lba * lba
         self._step = step if step > 0 else 1 << 62
+        # header + payload (+ tail) of a page in one scatter read where the device offers it (fewer commands)
+        self._readv: Callable[[int, list[Buffer]], Future[None]] | None = getattr(device, "submit_readv", None)
         self.stats = StoreStats()
         self._lock = threading.RLock()
         self._commit_lock = threading.Lock()
@@ -679,6 +681,16 @@ class PageStore:
                 out.append(_failed(exc))
         return out
 
+    def _sub_readv(self, off: int, sl: ScatterList) -> list[Future[None]]:
+        assert self._readv is not None
+        out: list[Future[None]] = []
+        for i in range(0, len(sl), self._step):
+            try:
+                out.append(self._readv(off + i, list(sl[i:i + self._step].views)))
+            except Exception as exc:
+                out.append(_failed(exc))
+        return out
+
     def _wait(self, futs: list[Future[None]]) -> str | None:
         """Wait for commands; returns an error description (and counts io_errors) or None."""
         _done, pending = wait_futures(futs, timeout=self.config.io_timeout_s)
@@ -950,9 +962,16 @@ class PageStore:
             op.futs = self._sub_read(off, memoryview(op.staging))
             return
         op.staging = bytearray(lba)
-        op.futs = self._sub_read(off, memoryview(op.staging)) + self._sub_read(off + lba, op.mv[:body])
         if n > body:
             op.tail = bytearray(lba)
+        if self._readv is not None:
+            views = [memoryview(op.staging), op.mv[:body]]
+            if op.tail is not None:
+                views.append(memoryview(op.tail))
+            op.futs = self._sub_readv(off, ScatterList(views))
+            return
+        op.futs = self._sub_read(off, memoryview(op.staging)) + self._sub_read(off + lba, op.mv[:body])
+        if op.tail is not None:
             op.futs += self._sub_read(off + lba + body, memoryview(op.tail))
 
     def _finish_read(self, op: _Op, corrupt_own: list[bytes], stale: list[_Op]) -> PageResult:

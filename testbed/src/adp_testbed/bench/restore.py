@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-mb", type=int, default=64, help="MiB per load batch (one staging slab)")
     p.add_argument("--slabs", type=int, default=32, help="batches in flight (staging = slabs x batch)")
     p.add_argument("--target-workers", default="0", help="emulator I/O worker processes, comma-separated")
-    p.add_argument("--mdts", type=parse_size, default=parse_size("1M"))
+    p.add_argument("--mdts", default="1M", help="emulator MDTS, comma-separated for several targets")
     p.add_argument("--backing", help="file backing the card (default: RAM)")
     p.add_argument("--into", choices=["host", "gpu"], default="host")
     p.add_argument("--json", help="write results to this file")
@@ -145,15 +145,16 @@ def main(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     ns = KeyNamespace("bench-restore", "bf16", "bench", 16)
     keys = ns.keys_for_block_hashes(i.to_bytes(8, "little") for i in range(n_pages))
-    capacity = (int(n_pages * (page + 8192) * 1.3) + (512 << 20)) // (1 << 20) * (1 << 20)
+    capacity = (int(2 * n_pages * (page + 8192) * 1.2) + (512 << 20)) // (1 << 20) * (1 << 20)  # 2 partitions
     arena = SharedArena(per_batch * page * args.slabs)
     zeros = bytes(per_batch * page)
     for i in range(args.slabs):  # fault the staging in before timing (the connector pins it at start-up)
         arena.map[i * len(zeros):(i + 1) * len(zeros)] = zeros
     gpu = _GpuSlabs(arena, per_batch * page, args.slabs) if args.into == "gpu" else None
     with StreamServer("127.0.0.1") as stream:
-        for workers in [int(x) for x in args.target_workers.split(",")]:
-            with LocalTarget(capacity=capacity, mdts=args.mdts, io_workers=workers, backing=args.backing) as t:
+        for mdts, workers in [(parse_size(m), int(w)) for m in args.mdts.split(",")
+                              for w in args.target_workers.split(",")]:
+            with LocalTarget(capacity=capacity, mdts=mdts, io_workers=workers, backing=args.backing) as t:
                 hc = HostConfig(traddr=t.traddr, trsvcid=t.trsvcid, subnqn=t.subnqn, io_queues=args.queues,
                                 queue_depth=64, command_timeout=120.0)
                 with Controller.connect(hc) as ctrl:  # fill the card once through an in-process writer
@@ -188,13 +189,15 @@ def main(args: argparse.Namespace) -> int:
                     conns = h_count * args.queues
                     ceiling = stream.measure(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read")
                     gbps = n_pages * page / dt / 1e9
-                    row = {"target_workers": workers, "helpers": h_count, "queues_per_helper": args.queues,
-                           "io_threads": args.io_threads, "into": args.into, "bytes": n_pages * page,
+                    row = {"mdts": mdts, "target_workers": workers, "helpers": h_count,
+                           "queues_per_helper": args.queues, "io_threads": args.io_threads, "into": args.into,
+                           "bytes": n_pages * page,
                            "seconds": round(dt, 3), "gbps": round(gbps, 2), "ceiling_gbps": round(ceiling, 2),
                            "ratio": round(gbps / ceiling, 3), "target_cpu_s": round(tcpu, 2),
                            "helpers_cpu_s": round(hcpu, 2), "fill_gbps": round(n_pages * page / save_s / 1e9, 2)}
                     rows.append(row)
-                    print(f"target workers {workers} helpers {h_count} x {args.queues} queues: restore "
+                    print(f"MDTS {mdts >> 10}K target workers {workers} helpers {h_count} x {args.queues} queues: "
+                          f"restore "
                           f"{row['gbps']:6.2f} GB/s into {args.into} ({row['ratio']:.2f}x the {conns}-stream ceiling "
                           f"{row['ceiling_gbps']:.1f}); CPU s target {row['target_cpu_s']:.1f} helpers "
                           f"{row['helpers_cpu_s']:.1f} over {row['seconds']:.2f} s", flush=True)

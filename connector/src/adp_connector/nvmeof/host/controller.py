@@ -20,7 +20,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ...device import Buffer, DeviceError, DeviceUnavailable, check_aligned
+from ...device import Buffer, DeviceError, DeviceUnavailable, ScatterList, check_aligned
 from ..wire import sqe as S
 from ..wire.constants import (
     CC_EN,
@@ -459,7 +459,8 @@ class Controller:
         b = io[next(self._rr) % len(io)]
         return a if a.in_flight <= b.in_flight else b
 
-    def _submit_rw(self, opcode: int, offset: int, buf: memoryview, timeout: float | None) -> Future[None]:
+    def _submit_rw(self, opcode: int, offset: int, buf: memoryview | ScatterList,
+                   timeout: float | None) -> Future[None]:
         lba = self.lba_size
         check_aligned(offset, len(buf), lba, self.capacity_bytes)
         t = timeout or self.config.command_timeout
@@ -499,6 +500,14 @@ class Controller:
         if mv.readonly:
             raise ValueError("read buffer must be writable")
         return self._submit_rw(IoOpcode.READ, offset, mv, None)
+
+    def submit_readv(self, offset: int, bufs: list[Buffer]) -> Future[None]:
+        """Read ``sum(len(b))`` bytes at ``offset`` into ``bufs`` in order, split only at the MDTS (one command
+        per MDTS-sized span, whatever the buffer boundaries)."""
+        views = [self._bytes_view(b) for b in bufs]
+        if any(v.readonly for v in views):
+            raise ValueError("read buffers must be writable")
+        return self._submit_rw(IoOpcode.READ, offset, ScatterList(views), None)
 
     def submit_write(self, offset: int, data: Buffer) -> Future[None]:
         return self._submit_rw(IoOpcode.WRITE, offset, self._bytes_view(data), None)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from ...device import ScatterList
 from ..wire import pdu as P
 from ..wire.constants import CATTR_DISABLE_SQ_FLOW_CONTROL, PduFlags, PduType, SglId
 from ..wire.digest import crc32c, digest_bytes
@@ -53,7 +54,7 @@ class QueueParams:
 class _Request:
     __slots__ = ("buf", "c2h", "cid", "deadline", "error", "future", "on_done", "received", "what")
 
-    def __init__(self, cid: int, buf: memoryview | None, c2h: bool, what: str, deadline: float,
+    def __init__(self, cid: int, buf: memoryview | ScatterList | None, c2h: bool, what: str, deadline: float,
                  on_done: Callable[[BaseException | None], None] | None) -> None:
         self.cid = cid
         self.c2h = c2h
@@ -76,6 +77,22 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         pos += n
 
 
+def _recv_exact_v(sock: socket.socket, views: list[memoryview]) -> None:
+    """Fill every view in ``views``, in order (one ``recvmsg_into`` per pass over what is left)."""
+    views = list(views)
+    while views:
+        n = sock.recvmsg_into(views)[0]
+        if n == 0:
+            raise NvmeTransportError("connection closed by the target")
+        while n:
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+
+
 def _send_all(sock: socket.socket, bufs: list) -> None:
     """sendmsg that survives partial sends."""
     views = [memoryview(b).cast("B") for b in bufs if len(b)]
@@ -88,6 +105,15 @@ def _send_all(sock: socket.socket, bufs: list) -> None:
             else:
                 views[0] = views[0][n:]
                 n = 0
+
+
+def _digest_of(data: memoryview | ScatterList) -> int:
+    if type(data) is ScatterList:
+        value = 0
+        for v in data.views:
+            value = crc32c(v, value)
+        return value
+    return crc32c(data)
 
 
 class QueuePair:
@@ -172,7 +198,7 @@ class QueuePair:
     # ------------------------------------------------------------------------------------------------
     # Submission
 
-    def _take_slot(self, buf: memoryview | None, c2h: bool, what: str, timeout: float,
+    def _take_slot(self, buf: memoryview | ScatterList | None, c2h: bool, what: str, timeout: float,
                    on_done: Callable[[BaseException | None], None] | None) -> _Request:
         if self._failure is not None:
             raise NvmeTransportError(f"queue {self.qid} is down: {self._failure}")
@@ -217,7 +243,7 @@ class QueuePair:
         assert req.future is not None
         return req.future
 
-    def submit_rw(self, opcode: int, nsid: int, slba: int, nlb: int, buf: memoryview, timeout: float,
+    def submit_rw(self, opcode: int, nsid: int, slba: int, nlb: int, buf: memoryview | ScatterList, timeout: float,
                   on_done: Callable[[BaseException | None], None]) -> None:
         """Fast path for Read (opcode 2, C2H into ``buf``) and Write (opcode 1, ``buf`` H2C).
 
@@ -316,10 +342,13 @@ class QueuePair:
             raise NvmeProtocolError(f"C2HData out of range: offset {datao} length {datal} "
                                     f"(expected offset {req.received}, buffer {len(req.buf)})")
         dest = req.buf[datao:end]
-        _recv_exact(self.sock, dest)
+        if type(dest) is ScatterList:
+            _recv_exact_v(self.sock, dest.views)
+        else:
+            _recv_exact(self.sock, dest)
         if flags & 0x02:
             _recv_exact(self.sock, dgv)
-            if int.from_bytes(dgv, "little") != crc32c(dest):
+            if int.from_bytes(dgv, "little") != _digest_of(dest):
                 req.error = NvmeStatusError(Status.named("DATA_TRANSFER_ERROR"), f"{req.what}: C2HData digest mismatch")
         req.received = end
         if flags & 0x0C == 0x0C:  # LAST_PDU + SUCCESS: no CapsuleResp follows
