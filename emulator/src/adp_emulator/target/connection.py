@@ -146,6 +146,7 @@ class Connection:
         self.handoff = False  # set by an I/O queue's Connect when the target serves it in a worker process
         self.handed_off = False
         self.worker: object | None = None  # the I/O worker serving this connection (set by the target)
+        self.handoff_id = 0  # names the connection between the target and its worker
 
     # ------------------------------------------------------------------------------------------------
     # Lifecycle

@@ -96,7 +96,7 @@ class WorkerTarget:
                 ctrl = self.controllers[cntlid] = WorkerController(self.link, cntlid, csts)
             conn = Connection(self, sock, tuple(state["peer"]))  # type: ignore[arg-type]
             conn.adopt(state, ctrl)  # type: ignore[arg-type]
-            conn.handoff_id = cid  # type: ignore[attr-defined]
+            conn.handoff_id = cid
             self.conns[cid] = conn
         th = threading.Thread(target=conn.run, kwargs={"handshake": False}, name=f"adp-worker-conn-{cid}",
                               daemon=True)
@@ -104,7 +104,7 @@ class WorkerTarget:
         th.start()
 
     def _connection_gone(self, conn: Connection) -> None:
-        cid = conn.handoff_id  # type: ignore[attr-defined]
+        cid = conn.handoff_id
         with self.lock:
             self.conns.pop(cid, None)
             cntlid = conn.ctrl.cntlid if conn.ctrl is not None else None

@@ -210,7 +210,7 @@ class IoWorkers:
             w = min(live, key=lambda x: len(x.conns))
             cid = next(self._ids)
             conn.worker = w
-            conn.handoff_id = cid  # type: ignore[attr-defined]
+            conn.handoff_id = cid
             w.conns[cid] = conn
         msg = {"op": "conn", "id": cid, "cntlid": ctrl.cntlid, "csts": ctrl.csts, "state": conn.handoff_state()}
         if w.link.send(msg, [conn.sock.fileno()]):
