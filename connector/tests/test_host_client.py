@@ -236,6 +236,36 @@ def test_readv_scatters_one_range_over_buffers_with_mdts_commands(target, ddgst:
             c.submit_readv(40 * MiB, [bytes(4096)])  # read-only
 
 
+def test_commands_of_one_transfer_share_a_send(target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transfer split at the MDTS goes out as groups of up to 8 capsules per system call; a queue with fewer free
+    slots than a group sends what it has before it waits (no deadlock at queue depth 2), and data is intact."""
+    from adp_connector.nvmeof.host import queue as Q
+
+    sends: list[int] = []
+    real = Q.QueuePair._send_capsule
+
+    def counting(self, bufs):  # one call = one sendmsg of capsules (I/O queues only: no keep-alives)
+        if self.qid > 0:
+            sends.append(len(bufs))
+        return real(self, bufs)
+
+    monkeypatch.setattr(Q.QueuePair, "_send_capsule", counting)
+    with Controller.connect(cfg(target, io_queues=1, queue_depth=32)) as c:
+        data = os.urandom(5 * 128 * 1024)
+        c.write(48 * MiB, data)  # in-capsule writes of 128 KiB: header + data per command
+        sends.clear()
+        assert c.read(48 * MiB, len(data)) == data
+        assert sends == [5]  # 5 read capsules, one send
+        big = os.urandom(20 * 128 * 1024)
+        sends.clear()
+        c.write(56 * MiB, big)
+        assert len(sends) == 3  # groups of 8 + 8 + 4
+    with Controller.connect(cfg(target, io_queues=1, queue_depth=2)) as c:
+        sends.clear()
+        assert c.read(56 * MiB, len(big)) == big  # 20 commands through 2 slots
+        assert len(sends) >= 10
+
+
 def test_store_reads_header_and_payload_in_one_command(target) -> None:
     """The page store asks for a page's header and payload in one scatter read: a 1 MiB - 4 KiB page (above the
     store's inline size) plus its 4 KiB header costs 1 MiB / MDTS 128 KiB = 8 read commands (it used to cost 9)."""

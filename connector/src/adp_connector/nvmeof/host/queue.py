@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from ...device import ScatterList
+from ...device import DeviceError, ScatterList
 from ..wire import pdu as P
 from ..wire.constants import CATTR_DISABLE_SQ_FLOW_CONTROL, PduFlags, PduType, SglId
 from ..wire.digest import crc32c, digest_bytes
@@ -199,10 +199,13 @@ class QueuePair:
     # Submission
 
     def _take_slot(self, buf: memoryview | ScatterList | None, c2h: bool, what: str, timeout: float,
-                   on_done: Callable[[BaseException | None], None] | None) -> _Request:
+                   on_done: Callable[[BaseException | None], None] | None, acquired: bool = False) -> _Request:
         if self._failure is not None:
+            if acquired:
+                self._slots.release()
             raise NvmeTransportError(f"queue {self.qid} is down: {self._failure}")
-        self._slots.acquire()
+        if not acquired:
+            self._slots.acquire()
         with self._lock:
             if self._closed:
                 self._slots.release()
@@ -251,23 +254,54 @@ class QueuePair:
         """
         c2h = opcode == 0x02
         req = self._take_slot(buf, c2h, "Read" if c2h else "Write", timeout, on_done)
+        self._send_capsule(self._rw_capsule(opcode, nsid, slba, nlb, buf, req.cid))
+
+    def submit_rw_many(self, opcode: int, nsid: int, parts: list[tuple[int, int, memoryview | ScatterList]],
+                       timeout: float, on_done: Callable[[BaseException | None], None]) -> int:
+        """Several Read or Write commands (``parts``: slba, nlb, buffer) with one send for as many as there are
+        free slots (a queue that is full gets what is pending first, then the caller waits for a slot).
+
+        Returns how many were not submitted: for each of those ``on_done`` has already been called with the error.
+        """
+        c2h = opcode == 0x02
+        what = "Read" if c2h else "Write"
+        pending: list = []
+        for i, (slba, nlb, buf) in enumerate(parts):
+            acquired = self._slots.acquire(blocking=False)
+            if not acquired and pending:
+                self._send_capsule(pending)
+                pending = []
+            try:
+                req = self._take_slot(buf, c2h, what, timeout, on_done, acquired=acquired)
+            except DeviceError as e:
+                if pending:
+                    self._send_capsule(pending)
+                for _ in range(len(parts) - i):
+                    on_done(e)
+                return len(parts) - i
+            pending += self._rw_capsule(opcode, nsid, slba, nlb, buf, req.cid)
+        if pending:
+            self._send_capsule(pending)
+        return 0
+
+    def _rw_capsule(self, opcode: int, nsid: int, slba: int, nlb: int, buf: memoryview | ScatterList,
+                    cid: int) -> list:
+        """The buffers of one Read/Write CapsuleCmd PDU (in-capsule data included for small writes)."""
         n = len(buf)
-        in_capsule = not c2h and n <= self.params.in_capsule_bytes
+        in_capsule = opcode != 0x02 and n <= self.params.in_capsule_bytes
         if self.hdgst or self.cpda:
-            sqe = Sqe(opcode=opcode, cid=req.cid, nsid=nsid, sgl_len=n,
+            sqe = Sqe(opcode=opcode, cid=cid, nsid=nsid, sgl_len=n,
                       sgl_id=SglId.DATA_BLOCK_OFFSET if in_capsule else SglId.TRANSPORT_DATA_BLOCK,
                       cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32, cdw12=nlb - 1)
-            bufs = P.encode(P.CapsuleCmd(sqe.encode(), buf if in_capsule else b""), self.hdgst, self.ddgst,
-                            self.cpda)
-        elif in_capsule:
+            return list(P.encode(P.CapsuleCmd(sqe.encode(), buf if in_capsule else b""), self.hdgst, self.ddgst,
+                                 self.cpda))
+        if in_capsule:
             plen = 72 + n + (4 if self.ddgst else 0)
-            hdr = _CAPSULE.pack(0x04, 0x02 if self.ddgst else 0, 72, 72, plen, opcode, 0x40, req.cid, nsid, 0, 0, 0,
+            hdr = _CAPSULE.pack(0x04, 0x02 if self.ddgst else 0, 72, 72, plen, opcode, 0x40, cid, nsid, 0, 0, 0,
                                 0, n, 0x01, slba & 0xFFFFFFFF, slba >> 32, nlb - 1, 0, 0, 0)
-            bufs = [hdr, buf, digest_bytes(buf)] if self.ddgst else [hdr, buf]
-        else:
-            bufs = [_CAPSULE.pack(0x04, 0, 72, 0, 72, opcode, 0x40, req.cid, nsid, 0, 0, 0, 0, n, 0x5A,
-                                  slba & 0xFFFFFFFF, slba >> 32, nlb - 1, 0, 0, 0)]
-        self._send_capsule(bufs)
+            return [hdr, buf, digest_bytes(buf)] if self.ddgst else [hdr, buf]
+        return [_CAPSULE.pack(0x04, 0, 72, 0, 72, opcode, 0x40, cid, nsid, 0, 0, 0, 0, n, 0x5A,
+                              slba & 0xFFFFFFFF, slba >> 32, nlb - 1, 0, 0, 0)]
 
     def _complete(self, req: _Request, status: int, dw0: int = 0, dw1: int = 0, sqhd: int = 0,
                   error: BaseException | None = None) -> None:
