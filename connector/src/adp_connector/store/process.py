@@ -317,7 +317,7 @@ class StoreProcess:
 class StoreGroup:
     """One writer helper plus reader helpers, used like one :class:`StoreProcess`.
 
-    A single helper is one interpreter: on the H200 it moved ~6-8 GB/s of restores (socket receive, checksums)
+    A single helper is one interpreter: on the H200 it moved ~5-6 GB/s of restores (socket receive, checksums)
     while the target could serve more. Here saves, discards and lookups go to the writer (the partition owner);
     load batches go to the helpers in turn, each with its own NVMe/TCP controller. A reader indexes other
     writers' pages through its refreshes, so pages the writer saved since a reader's last refresh may come back

@@ -295,7 +295,11 @@ class Controller:
 
     @property
     def connected(self) -> bool:
-        return self._lost is None and not self._closed and self._admin is not None
+        """The association is up: no loss noticed and every queue alive (a queue whose failure is still being
+        reported by its reader already counts as down, so a caller that just saw it fail never reads True)."""
+        admin = self._admin
+        return (self._lost is None and not self._closed and admin is not None and admin.alive
+                and all(q.alive for q in self._io))
 
     def _housekeeping(self) -> None:
         kato = self.config.kato_ms / 1000.0
