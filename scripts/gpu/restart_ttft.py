@@ -178,28 +178,6 @@ def run_engine(spec: dict[str, Any], work: Path, timeout: float, profile: bool =
     return json.loads(Path(spec["result"]).read_text())
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by ``pid`` and its live descendants (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    kids: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        kids.setdefault(int(fields[1]), []).append(int(d))  # fields[1]: ppid
-        cpu[int(d)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        total += cpu.get(p, 0.0)
-        todo += kids.get(p, [])
-    return total
-
-
 def start_target(port: int, capacity: str, backing: str, work: Path, workers: int = 0,
                  fresh: bool = True, mdts: str = "1M") -> subprocess.Popen:
     """The userspace target on ``backing``; ``fresh``: a new card, formatted (else: the same card restarted)."""
@@ -293,6 +271,8 @@ def main() -> None:
     for v in a.warm_variant:
         name, _, opts = v.partition(":")
         variants[f"adp-warm-{name}"] = {k: json.loads(x) for k, _, x in (o.partition("=") for o in opts.split(","))}
+    from adp_testbed.bench.restore import cpu_seconds  # the target's CPU time per arm
+
     tgt = None
     tgt_workers = a.target_workers
     card = "/dev/shm/adp-card.img"
@@ -318,11 +298,11 @@ def main() -> None:
             if arm == "adp-cold":
                 spec["drain_s_per_gb"] = 0.5
             t = time.monotonic()
-            cpu0 = tree_cpu_s(tgt.pid) if tgt is not None and arm != "baseline" else None
+            cpu0 = cpu_seconds([tgt.pid]) if tgt is not None and arm != "baseline" else None
             report["arms"][arm] = run_engine(spec, out, a.engine_timeout, profile=arm in a.profile.split(","))
             report["arms"][arm]["wall_s"] = round(time.monotonic() - t, 1)
             if cpu0 is not None:  # the target's CPU time over the whole arm (restores, saves, index reads)
-                report["arms"][arm]["target_cpu_s"] = round(tree_cpu_s(tgt.pid) - cpu0, 1)
+                report["arms"][arm]["target_cpu_s"] = round(cpu_seconds([tgt.pid]) - cpu0, 1)
             if "target_workers" in spec:
                 report["arms"][arm]["target_workers"] = spec["target_workers"]
             print(json.dumps({arm: report["arms"][arm].get("rows", report["arms"][arm])}), flush=True)

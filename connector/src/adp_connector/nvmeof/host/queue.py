@@ -77,6 +77,17 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         pos += n
 
 
+def _consume(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``views`` (in place): what one vectored send or receive moved."""
+    while n:
+        if n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        else:
+            views[0] = views[0][n:]
+            n = 0
+
+
 def _recv_exact_v(sock: socket.socket, views: list[memoryview]) -> None:
     """Fill every view in ``views``, in order (one ``recvmsg_into`` per pass over what is left)."""
     views = list(views)
@@ -84,27 +95,14 @@ def _recv_exact_v(sock: socket.socket, views: list[memoryview]) -> None:
         n = sock.recvmsg_into(views)[0]
         if n == 0:
             raise NvmeTransportError("connection closed by the target")
-        while n:
-            if n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
+        _consume(views, n)
 
 
 def _send_all(sock: socket.socket, bufs: list) -> None:
     """sendmsg that survives partial sends."""
     views = [memoryview(b).cast("B") for b in bufs if len(b)]
     while views:
-        n = sock.sendmsg(views)
-        while n:
-            if n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][n:]
-                n = 0
+        _consume(views, sock.sendmsg(views))
 
 
 def _digest_of(data: memoryview | ScatterList) -> int:
