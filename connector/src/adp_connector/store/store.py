@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
+from typing import Any
 
 import xxhash
 
@@ -662,34 +663,27 @@ class PageStore:
 
     # ------------------------------------------------------------------ I/O helpers
 
-    def _sub_write(self, off: int, data: Buffer) -> list[Future[None]]:
-        mv = memoryview(data)
+    def _split(self, submit: Callable[[int, Any], Future[None]], off: int,
+               buf: memoryview | ScatterList) -> list[Future[None]]:
+        """``submit`` each ``max_io_bytes`` piece of ``buf`` (a memoryview or a ScatterList) at its offset."""
         out: list[Future[None]] = []
-        for i in range(0, len(mv), self._step):
+        for i in range(0, len(buf), self._step):
             try:
-                out.append(self._dev.submit_write(off + i, mv[i:i + self._step]))
+                out.append(submit(off + i, buf[i:i + self._step]))
             except Exception as exc:
                 out.append(_failed(exc))
         return out
+
+    def _sub_write(self, off: int, data: Buffer) -> list[Future[None]]:
+        return self._split(self._dev.submit_write, off, memoryview(data))
 
     def _sub_read(self, off: int, mv: memoryview) -> list[Future[None]]:
-        out: list[Future[None]] = []
-        for i in range(0, len(mv), self._step):
-            try:
-                out.append(self._dev.submit_read(off + i, mv[i:i + self._step]))
-            except Exception as exc:
-                out.append(_failed(exc))
-        return out
+        return self._split(self._dev.submit_read, off, mv)
 
     def _sub_readv(self, off: int, sl: ScatterList) -> list[Future[None]]:
-        assert self._readv is not None
-        out: list[Future[None]] = []
-        for i in range(0, len(sl), self._step):
-            try:
-                out.append(self._readv(off + i, list(sl[i:i + self._step].views)))
-            except Exception as exc:
-                out.append(_failed(exc))
-        return out
+        readv = self._readv
+        assert readv is not None
+        return self._split(lambda o, part: readv(o, list(part.views)), off, sl)
 
     def _wait(self, futs: list[Future[None]]) -> str | None:
         """Wait for commands; returns an error description (and counts io_errors) or None."""

@@ -192,7 +192,7 @@ class UserspaceTarget:
 
     def hand_off(self, conn: Connection) -> bool:
         """Pass a freshly connected I/O queue to a worker; False: serve it here."""
-        return self._workers is not None and not self._stopping.is_set() and self._workers.hand_off(conn)
+        return self._workers is not None and not self.stopping and self._workers.hand_off(conn)
 
     def note_activity(self, cntlids: list[int]) -> None:
         """Commands ran on these controllers' queues in a worker (resets their keep-alive timers)."""
@@ -211,7 +211,7 @@ class UserspaceTarget:
 
     def controller_changed(self, ctrl: Controller) -> None:
         """CC was written: workers serving this controller's I/O queues learn its new status."""
-        if self._workers is not None and any(getattr(q, "worker", None) for q in list(ctrl.queues.values())):
+        if self._workers is not None and any(q.worker is not None for q in list(ctrl.queues.values())):
             self._workers.push_controller(ctrl.cntlid, ctrl.csts)
 
     # ------------------------------------------------------------------------------------------------

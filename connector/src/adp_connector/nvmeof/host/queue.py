@@ -244,20 +244,12 @@ class QueuePair:
         assert req.future is not None
         return req.future
 
-    def submit_rw(self, opcode: int, nsid: int, slba: int, nlb: int, buf: memoryview | ScatterList, timeout: float,
-                  on_done: Callable[[BaseException | None], None]) -> None:
-        """Fast path for Read (opcode 2, C2H into ``buf``) and Write (opcode 1, ``buf`` H2C).
-
-        ``on_done(error_or_None)`` runs on the queue's reader thread; it must be quick.
-        """
-        c2h = opcode == 0x02
-        req = self._take_slot(buf, c2h, "Read" if c2h else "Write", timeout, on_done)
-        self._send_capsule(self._rw_capsule(opcode, nsid, slba, nlb, buf, req.cid))
-
     def submit_rw_many(self, opcode: int, nsid: int, parts: list[tuple[int, int, memoryview | ScatterList]],
                        timeout: float, on_done: Callable[[BaseException | None], None]) -> int:
-        """Several Read or Write commands (``parts``: slba, nlb, buffer) with one send for as many as there are
-        free slots (a queue that is full gets what is pending first, then the caller waits for a slot).
+        """Read (opcode 2, C2H into each buffer) or Write (opcode 1) commands (``parts``: slba, nlb, buffer) with one
+        send for as many as there are free slots (a queue that is full gets what is pending first, then the caller
+        waits for a slot). ``on_done(error_or_None)`` runs once per command, on the queue's reader thread; it must
+        be quick.
 
         Returns how many were not submitted: for each of those ``on_done`` has already been called with the error.
         """
