@@ -47,17 +47,24 @@ def _worker_pids(t) -> list[int]:
     return [w.proc.pid for w in t._workers.workers]
 
 
-def _served_by(t, cntlid: int) -> dict[int, int]:
-    """qid -> worker index for a controller's I/O queues."""
-    ctrl = t._controllers[cntlid]
-    return {qid: q.worker.index for qid, q in ctrl.queues.items() if qid > 0 and q.worker is not None}
+def _served_by(t, cntlid: int, qids: tuple[int, ...]) -> dict[int, int]:
+    """qid -> worker index for a controller's I/O queues ``qids``.
+
+    A queue moves to its worker just after its Connect response, so this waits for the hand-offs.
+    """
+    def handed_off() -> dict[int, int]:
+        queues = list(t._controllers[cntlid].queues.items())
+        return {qid: q.worker.index for qid, q in queues if qid in qids and q.worker is not None}
+
+    assert _until(lambda: len(handed_off()) == len(qids)), f"queues {qids} not all handed off"
+    return handed_off()
 
 
 def test_queues_spread_over_workers_and_share_the_namespace() -> None:
     with running_target(io_workers=2) as t:
         a = open_admin(t.address)
         queues = [open_io(t.address, a.cntlid, qid) for qid in (1, 2, 3, 4)]
-        assert sorted(_served_by(t, a.cntlid).values()) == [0, 0, 1, 1]  # least loaded first
+        assert sorted(_served_by(t, a.cntlid, (1, 2, 3, 4)).values()) == [0, 0, 1, 1]  # least loaded first
         data = bytes(range(256)) * 32
         assert queues[0].cmd(rw_cmd(W, 1, 8, 2, 8192), data)[0].status.ok
         for q in queues[1:]:  # written through one process, read through the others
@@ -105,14 +112,14 @@ def test_dead_worker_closes_its_queues_and_the_target_goes_on() -> None:
     with running_target(io_workers=2) as t:
         a = open_admin(t.address)
         q1, q2 = open_io(t.address, a.cntlid, 1), open_io(t.address, a.cntlid, 2)
-        victim = t._workers.workers[_served_by(t, a.cntlid)[1]]
+        victim = t._workers.workers[_served_by(t, a.cntlid, (1,))[1]]
         os.kill(victim.proc.pid, signal.SIGKILL)
         assert q1.closed_by_peer(timeout=5)
         assert q2.cmd(rw_cmd(R, 1, 0, 1, 4096))[0].status.ok
         assert _until(lambda: 1 not in t._controllers[a.cntlid].queues)
         q3 = open_io(t.address, a.cntlid, 1)  # a reconnect goes to the live worker
         assert q3.cmd(rw_cmd(R, 1, 0, 1, 4096))[0].status.ok
-        assert _served_by(t, a.cntlid)[1] != victim.index
+        assert _served_by(t, a.cntlid, (1,))[1] != victim.index
         for q in (q2, q3, a):
             q.close()
 

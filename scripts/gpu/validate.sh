@@ -6,6 +6,8 @@
 #              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
 # datapath:    client reads into GPU memory through pinned buffers, 1..16 queues, target I/O workers 0/4/8.
 # restore-path: `testbed bench restore-path` (helper processes x target workers, into GPU memory) under py-spy.
+# families:    `testbed verify` for swa (Gemma3), mla (DeepSeek-V3 MLA), mtp (+ MTP head: acceptance off / on);
+#              FAMILIES="..." picks others.
 # restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
 # agents|sweep: `testbed bench agents|sweep --preset gpu` on the 8B shape (dummy weights, `vllm serve`), arms
 #              baseline, cpu-offload (vLLM's OffloadingConnector) and adp; BENCH_ARGS adds options (e.g.
@@ -60,6 +62,20 @@ case "$what" in
       ${RESTORE_ARGS:---gb 8 --helpers 1,2,4,8 --target-workers 4,8} > "$out/restore-path.txt" 2>&1
     echo "restore-path rc=$?"; grep -v "^py-spy\|^Sampling\|^Stopped\|^Wrote" "$out/restore-path.txt" | tail -12
     gzip -f "$out/restore-path.pyspy.txt"
+    ;;
+  families)  # issue #7 item 1 on this image: `testbed verify` per family (random weights, cold -> restart -> warm,
+             # every restored page compared); mtp also measures acceptance with the connector off / saving / restoring
+    for fam in ${FAMILIES:-swa mla mtp}; do
+      extra=""
+      [ "$fam" = mtp ] && extra="--prompts 4 --max-tokens ${MTP_TOKENS:-128}"
+      timeout 420 python3 -m adp_testbed.cli verify --family "$fam" $extra --workdir "/tmp/verify-$fam" \
+        --json "$out/verify-$fam.json" > "$out/verify-$fam.log" 2>&1
+      echo "verify $fam rc=$?"
+      python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print({k: v.get(k) for k in ('ok', 'outputs_identical',
+        'warm_hits', 'expected_warm_hits', 'pages_compared', 'pages_mismatched', 'acceptance', 'error', 'reason')})" \
+        "$out/verify-$fam.json" 2>&1 | tail -2
+      grep -h "Error\|error" "/tmp/verify-$fam/engines/"engine-*.log 2>/dev/null | grep -v "^$" | tail -3
+    done
     ;;
   restart)
     python3 "$root/scripts/gpu/restart_ttft.py" --out "$out" ${RESTART_ARGS:-}

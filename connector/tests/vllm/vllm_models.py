@@ -96,21 +96,36 @@ def cache_dir() -> Path:
 
 
 def _add_mtp_head(out: Path, hidden: int) -> None:
-    """Turn a 5-layer DeepSeek-V3 checkpoint into 4 layers + one MTP head (vLLM ``deepseek_mtp`` weight names)."""
+    """Turn a 2-layer DeepSeek-V3 checkpoint into a 1-layer model plus one MTP head that drafts by itself.
+
+    The MTP head (vLLM ``deepseek_mtp`` weight names, ``model.layers.1.*``) is a copy of the target's layer:
+    ``eh_proj`` passes the next token's embedding and drops the target's hidden state, the block is layer 0's
+    weights, ``shared_head`` is the final norm and LM head. Embedding rows are scaled to RMS 1 so the head's
+    ``enorm`` leaves them as they are. At position i the head then computes what the target computes at i+1
+    (from its own KV cache, which holds the sequence shifted by one token; RoPE is relative): with random
+    weights, drafts are mostly accepted, and only while the drafter's KV of the prefix is right (the attention
+    output is scaled up to dominate the layer), so the acceptance rate shows whether a restore kept it.
+    """
     import torch
     from safetensors.torch import load_file, save_file
 
     (shard,) = sorted(out.glob("*.safetensors"))
     w = load_file(str(shard))
-    g = torch.Generator().manual_seed(1)
-    p = "model.layers.4."
-    for n in ("enorm", "hnorm", "shared_head.norm"):
-        w[p + n + ".weight"] = torch.ones(hidden, dtype=torch.bfloat16)
-    w[p + "eh_proj.weight"] = (torch.randn(hidden, 2 * hidden, generator=g) * 0.05).to(torch.bfloat16)
-    w[p + "shared_head.head.weight"] = w["lm_head.weight"].clone()
+    emb = w["model.embed_tokens.weight"].float()
+    w["model.embed_tokens.weight"] = (emb / emb.pow(2).mean(-1, keepdim=True).sqrt()).to(torch.bfloat16)
+    src, dst = "model.layers.0.", "model.layers.1."
+    # attention dominates the layer's output, so a draft depends on the drafter's KV of the prefix
+    w[src + "self_attn.o_proj.weight"] = (w[src + "self_attn.o_proj.weight"].float() * 8).to(torch.bfloat16)
+    for n in [n for n in w if n.startswith(src)]:
+        w[dst + n[len(src):]] = w[n].clone()
+    for n in ("enorm", "hnorm"):
+        w[dst + n + ".weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+    w[dst + "eh_proj.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1).to(torch.bfloat16)
+    w[dst + "shared_head.norm.weight"] = w["model.norm.weight"].clone()
+    w[dst + "shared_head.head.weight"] = w["lm_head.weight"].clone()
     save_file(w, str(shard), metadata={"format": "pt"})
     cfg = json.loads((out / "config.json").read_text())
-    cfg.update(num_hidden_layers=4, num_nextn_predict_layers=1)
+    cfg.update(num_hidden_layers=1, num_nextn_predict_layers=1)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
@@ -132,14 +147,32 @@ def _unfuse_experts(out: Path) -> None:
     save_file(w, str(shard), metadata={"format": "pt"})
 
 
+# vLLM's GPU MLA backends need DeepSeek's own head dims (an MLA prefill backend exists for qk_nope 128 / v 128, not
+# 64 / 64; ../shared/gpu/README.md, "Model families on the H200"): the MLA families take them on a CUDA machine.
+MLA_GPU = {"num_attention_heads": 16, "num_key_value_heads": 16, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128, "kv_lora_rank": 512}
+
+
+def _on_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
 def ensure_model(family: str) -> Path:
     """Directory of the random-weight checkpoint of ``family`` (generated once, then reused)."""
-    if family == "mtp":  # DeepSeek-V3 + one MTP layer: generated as 5 layers, layer 4 becomes the MTP head
+    name = family
+    if family == "mtp":  # DeepSeek-V3, 1 layer + a self-drafting MTP head: generated as 2 layers (_add_mtp_head)
         cfg_cls, model_cls, over = FAMILIES["mla"]
-        over = dict(over, num_hidden_layers=5, first_k_dense_replace=5)
+        over, name = dict(over, num_hidden_layers=2, first_k_dense_replace=2), "mtp-selfdraft"
     else:
         cfg_cls, model_cls, over = FAMILIES[family]
-    out = cache_dir() / family
+    if family in ("mla", "mtp") and _on_gpu():
+        over, name = dict(over, **MLA_GPU), name + "-gpu"
+    out = cache_dir() / name
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
     import torch
@@ -187,7 +220,8 @@ def _kill_children() -> None:
 
 
 def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
-    """Start one engine, run ``spec['prompts']`` (1 or 2 passes), return outputs, metrics and timings."""
+    """Start one engine, run ``spec['prompts']`` (``passes`` times) or one list per pass (``pass_prompts``);
+    return outputs, metrics and timings."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -210,9 +244,11 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         block_size = 0
     sp = SamplingParams(max_tokens=spec.get("max_tokens", 16), temperature=0, detokenize=False, ignore_eos=True,
                         logprobs=spec.get("logprobs"))
-    ps = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
+    # each pass runs spec['prompts'], or its own list from spec['pass_prompts']
+    pass_prompts = spec.get("pass_prompts") or [spec["prompts"]] * spec.get("passes", 1)
     passes = []
-    for i in range(spec.get("passes", 1)):
+    for i, prompts_i in enumerate(pass_prompts):
+        ps = [TokensPrompt(prompt_token_ids=p) for p in prompts_i]
         if i and spec.get("reset_between", True):
             llm.reset_prefix_cache()
         if i and spec.get("pause_before_pass2"):
@@ -232,6 +268,8 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
             "ext_hits": _metric(m, "vllm:external_prefix_cache_hits"),
             "local_hits": _metric(m, "vllm:prefix_cache_hits"),
             "adp": {x.name: float(getattr(x, "value", 0) or 0) for x in m if x.name.startswith("vllm:adp_kv")},
+            # speculative decoding, cumulative over the engine's life (vllm:spec_decode_num_*)
+            "spec": {k: _metric(m, f"vllm:spec_decode_num_{k}") for k in ("drafts", "draft_tokens", "accepted_tokens")},
         })
     try:
         llm.llm_engine.engine_core.shutdown()

@@ -41,6 +41,7 @@ class ADPConfig:
     io_process: bool = True
     load_processes: int = 1
     max_io_kib: int = 0
+    store_drafter_kv: bool = True
     audit_path: str | None = None
 
 
@@ -72,6 +73,10 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "load_processes": ((int,), "worker, with io_process: helper processes restores are spread over (1 writer + "
                        "read-only helpers, each with its own NVMe/TCP connection)"),
     "max_io_kib": ((int,), "split device commands at this size (0: the controller's MDTS)"),
+    "store_drafter_kv": ((bool,), "speculative decoding (MTP/EAGLE heads in the target's KV-cache group): store the "
+                         "drafter layers' KV in the pages, so a restore keeps the acceptance rate (a hit then ends "
+                         "where the next stored page begins); false: pages without them, shared by engines with "
+                         "speculation on or off, the drafter's KV of restored blocks zero-filled"),
     "audit_path": ((str, type(None)), "test/acceptance only: directory where every saved and restored page's "
                    "digest and the connector counters are recorded"),
 }

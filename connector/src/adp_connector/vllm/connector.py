@@ -17,7 +17,8 @@ kv_connector/v1/base.py`` and ``v1/core/sched/scheduler.py``):
   the NVMe writes run in the I/O helper process (``io_process``) or the store's threads.
 
 vLLM 0.26 goes through a legacy path of the same class (``_check_vllm_version``): block tables from the scheduler
-output (``_BlockTables``), failed restores reported as block ids, single-group models only (docs/connector.md).
+output (``_BlockTables``), failed restores reported as block ids (several KV-cache groups through
+:mod:`.legacy_invalid_blocks`), no Mamba/GDN hybrids (docs/connector.md).
 
 Keys: ``KeyNamespace(...).key_for_block_hash(request.block_hashes[k])`` where ``k`` indexes the hash at the
 block's end boundary; the namespace carries the model id, KV dtype, the group descriptor from :mod:`.layouts`,
@@ -49,6 +50,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from ..store import KeyNamespace, PageKey, PageStatus
 from ..store.process import SharedArena
+from . import legacy_invalid_blocks
 from .backend import StoreLink
 from .config import ADPConfig, parse_config
 from .layouts import GroupKind, GroupLayout, best_hit, describe_groups, drafter_layer_names
@@ -205,7 +207,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         all_layers = [n for g in kv_cache_config.kv_cache_groups for n in g.layer_names]
         n_target = getattr(mc.hf_text_config, "num_hidden_layers", None)
         self.layouts: list[GroupLayout] = describe_groups(
-            kv_cache_config, drafter_layer_names(all_layers, n_target, spec_cfg is not None))
+            kv_cache_config, drafter_layer_names(all_layers, n_target, spec_cfg is not None),
+            store_drafters=self.cfg.store_drafter_kv)
         if self._legacy:
             _check_legacy_layouts(_VLLM_VERSION, self.layouts)
         self.hash_block_size = int(getattr(kv_cache_config, "hash_block_size", None)
@@ -343,10 +346,13 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         # Leave >= 1 token to compute (and never restore a recurrent state at the very last token).
         max_tokens = min(request.num_tokens - 1, len(hashes) * self.hash_block_size)
         present: dict[int, list[bool]] = {}
+        hashed = len(hashes) * self.hash_block_size
         for g in self.layouts:
             if not g.persists:
                 continue
             nblk = max_tokens // g.block_size
+            if g.stores_drafter and (nblk + 1) * g.block_size <= hashed:
+                nblk += 1  # the page after the hit decides whether its last block's drafter KV fits this request
             keys = [self._key(g, hashes, j) for j in range(nblk)]
             present[g.group_id] = store.contains([k for k in keys if k is not None]) if keys else []
         hit = best_hit(self.layouts, present, max_tokens)
@@ -867,7 +873,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             out.finished_recving.add(job.req_id)
             if job.failed:
                 out.failed_recving.add(job.req_id)
-                if self._legacy:  # vLLM 0.26: block-level report (single-group models only)
+                if self._legacy:  # vLLM 0.26: block-level report (every block the restore was to fill)
                     self._load_error_blocks.update(job.blocks)
                     with self._save_lock:
                         self._failed_load_reqs.append(job.req_id)
@@ -1041,22 +1047,23 @@ def _check_vllm_version(version: str) -> bool:
 
 
 def _check_legacy_layouts(version: str, layouts: list[GroupLayout]) -> None:
-    """vLLM 0.26 limits: one KV-cache group (its load-error path unpacks exactly one) and no recurrent state.
+    """vLLM 0.26 limits: no recurrent state; several KV-cache groups only with its load-error path patched.
 
-    0.26's ``Scheduler._update_requests_with_invalid_blocks`` reads ``(req_block_ids,) = get_block_ids(...)``, so a
-    failed restore on a model with several groups would crash the engine instead of recomputing; and with any
-    connector on a Mamba hybrid it takes the local hit as the maximum over groups (0.26 ``scheduler.py``, the
-    ``find_longest_cache_hit_per_group`` branch), which is wrong unless the connector restores the state.
+    With any connector on a Mamba hybrid 0.26 takes the local hit as the maximum over groups (0.26
+    ``scheduler.py``, the ``find_longest_cache_hit_per_group`` branch), which is wrong unless the connector restores
+    the state. 0.26's ``Scheduler._update_requests_with_invalid_blocks`` reads one group per request, so a failed
+    restore on a model with several groups would crash the engine: :mod:`.legacy_invalid_blocks` fixes that in
+    the engine-core process, and such models are refused if it cannot.
     """
     kinds = {g.kind for g in layouts}
     reason = ""
     if GroupKind.STATE in kinds or any(g.spec_name.startswith("Mamba") for g in layouts):
         reason = ("a Mamba/GDN hybrid: 0.26 computes the local prefix hit of such a model as the maximum over its "
                   "KV-cache groups whenever a connector is attached, which would read an uncomputed state")
-    elif len(layouts) > 1:
+    elif len(layouts) > 1 and not legacy_invalid_blocks.install():
         reason = (f"{len(layouts)} KV-cache groups ({', '.join(g.kind.value for g in layouts)}): 0.26 reports a "
-                  "failed restore per block for single-group models only (a multi-group failure crashes the "
-                  "engine instead of recomputing)")
+                  "failed restore per block, and its scheduler here does not have the load-error method this "
+                  "connector extends for several groups (a multi-group failure would crash the engine)")
     if reason:
         raise RuntimeError(f"ADPConnector on vLLM {version} cannot serve this model safely: {reason}. "
                            f"Use vLLM >= {MIN_VLLM[0]}.{MIN_VLLM[1]} for it (docs/connector.md).")

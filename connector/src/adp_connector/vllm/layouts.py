@@ -17,8 +17,13 @@ group's layer order. Families (facts from vLLM 0.32 ``v1/kv_cache_interface.py``
 * MLA (``MLAAttentionSpec``): one latent vector per token, identical on every TP rank: stored once (namespace
   without TP rank), written by rank 0 only. The DSA indexer (``cache_role=INDEXER``) is one more layer of the MLA
   group's page.
-* Drafter layers (MTP/EAGLE heads, ``is_eagle_group`` groups): volatile; never persisted. A restore zero-fills
-  them (acceptance may dip, target tokens never change), so pages are identical with speculation on or off.
+* Drafter layers (MTP/EAGLE heads) in a target group: stored in the page by default (``store_drafters``), so a
+  restore gives the drafter the KV it would have computed and the acceptance rate holds. The drafter's KV at a
+  block's last slot was computed from the *next* token, which the block's key does not cover, so such a hit ends
+  where the following block's page is stored too (vLLM drops the last block of a local hit for the same reason).
+  Not stored (``store_drafters=False``): a restore zero-fills them (acceptance dips, target tokens never change)
+  and the pages are identical with speculation on or off. Groups made only of drafter layers (``is_eagle_group``)
+  are volatile: never persisted.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ class LayerRole(str, Enum):
     MLA = "mla"
     INDEXER = "indexer"
     STATE = "state"
-    DRAFTER = "drafter"    # not in the page; zero-filled on restore
+    DRAFTER = "drafter"    # a speculative drafter's layer: in the page if stored, else zero-filled on restore
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,11 @@ class LayerLayout:
     name: str
     role: LayerRole
     page_bytes: int
+    stored: bool = True  # False: not in the page (an unstored drafter layer, zero-filled on restore)
 
     @property
     def persisted(self) -> bool:
-        return self.role is not LayerRole.DRAFTER
+        return self.stored
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,13 @@ class GroupLayout:
 
     @property
     def drafter_layers(self) -> tuple[LayerLayout, ...]:
+        """Drafter layers left out of the page (a restore zero-fills them)."""
         return tuple(la for la in self.layers if not la.persisted)
+
+    @property
+    def stores_drafter(self) -> bool:
+        """Some drafter layer's KV is in the page: a hit must end where the next page is stored too."""
+        return any(la.persisted and la.role is LayerRole.DRAFTER for la in self.layers)
 
     @property
     def page_bytes(self) -> int:
@@ -177,8 +189,9 @@ def group_kind(spec: Any, is_eagle_group: bool = False) -> tuple[GroupKind, int]
     return GroupKind.UNSUPPORTED, 0
 
 
-def describe_group(group_id: int, group: Any, drafter_layers: Iterable[str] = ()) -> GroupLayout:
-    """The :class:`GroupLayout` of one ``KVCacheGroupSpec``."""
+def describe_group(group_id: int, group: Any, drafter_layers: Iterable[str] = (),
+                   store_drafters: bool = True) -> GroupLayout:
+    """The :class:`GroupLayout` of one ``KVCacheGroupSpec`` (``store_drafters``: drafter layers in the page)."""
     drafters = set(drafter_layers)
     spec = group.kv_cache_spec
     kind, window = group_kind(spec, bool(getattr(group, "is_eagle_group", False)))
@@ -187,7 +200,8 @@ def describe_group(group_id: int, group: Any, drafter_layers: Iterable[str] = ()
     layers = []
     for name, lspec in _layer_specs(group):
         role = LayerRole.DRAFTER if kind is GroupKind.VOLATILE else layer_role(name, lspec, drafters)
-        layers.append(LayerLayout(name, role, _real_page_bytes(lspec)))
+        stored = role is not LayerRole.DRAFTER or (store_drafters and kind is not GroupKind.VOLATILE)
+        layers.append(LayerLayout(name, role, _real_page_bytes(lspec), stored))
     inner = getattr(spec, "kv_cache_specs", None)
     probe = next(iter(inner.values())) if isinstance(inner, dict) and inner else spec
     replicated = kind is GroupKind.MLA or bool(getattr(probe, "tp_replicated", False))
@@ -197,10 +211,11 @@ def describe_group(group_id: int, group: Any, drafter_layers: Iterable[str] = ()
                        replicated)
 
 
-def describe_groups(kv_cache_config: Any, drafter_layers: Iterable[str] = ()) -> list[GroupLayout]:
+def describe_groups(kv_cache_config: Any, drafter_layers: Iterable[str] = (),
+                    store_drafters: bool = True) -> list[GroupLayout]:
     """Layouts of every group of a ``KVCacheConfig``, in group-id order."""
     d = set(drafter_layers)
-    return [describe_group(i, g, d) for i, g in enumerate(kv_cache_config.kv_cache_groups)]
+    return [describe_group(i, g, d, store_drafters) for i, g in enumerate(kv_cache_config.kv_cache_groups)]
 
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -238,7 +253,9 @@ def best_hit(layouts: Sequence[GroupLayout], present: dict[int, list[bool]], max
     """Largest hit (tokens, a multiple of :func:`hit_unit`, <= ``max_tokens``) every group can serve.
 
     ``present[g][j]``: whether group ``g``'s page for its block ``j`` is stored. A group that cannot be cached
-    (UNSUPPORTED) refuses every hit; VOLATILE groups never limit it.
+    (UNSUPPORTED) refuses every hit; VOLATILE groups never limit it. A group that stores drafter KV also needs the
+    page of the block right after the hit (give ``present`` one block past ``max_tokens`` where one exists): its
+    drafter KV at the hit's last slot was computed from that block's first token.
     """
     unit = hit_unit(layouts)
     if any(g.kind is GroupKind.UNSUPPORTED for g in layouts):
@@ -256,8 +273,11 @@ def best_hit(layouts: Sequence[GroupLayout], present: dict[int, list[bool]], max
     while n > 0:
         ok = True
         for g in active:
+            p = present.get(g.group_id, [])
+            if g.stores_drafter and (n // g.block_size >= len(p) or not p[n // g.block_size]):
+                ok = False
+                break
             if g.kind in (GroupKind.WINDOW, GroupKind.STATE):
-                p = present.get(g.group_id, [])
                 need = g.needed_blocks(n // g.block_size)
                 if need.stop > len(p) or not all(p[j] for j in need):
                     ok = False

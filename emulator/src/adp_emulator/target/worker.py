@@ -42,8 +42,10 @@ class WorkerController:
         self.last_activity = time.monotonic()
 
     def log_error(self, sqid: int, cid: int, status: int, opcode: int, nsid: int = 0, lba: int = 0) -> None:
-        self.link.send({"op": "error", "entry": {"cntlid": self.cntlid, "sqid": sqid, "cid": cid, "status": status,
-                                                 "opcode": opcode, "nsid": nsid, "lba": lba}})
+        """Add an entry to the target's error log; returns once it is there (before the command's CQE goes
+        out), so a host that reads the log after seeing the error finds the entry."""
+        self.link.request({"op": "error", "entry": {"cntlid": self.cntlid, "sqid": sqid, "cid": cid,
+                                                    "status": status, "opcode": opcode, "nsid": nsid, "lba": lba}})
 
 
 class WorkerFaults:

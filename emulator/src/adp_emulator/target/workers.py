@@ -278,8 +278,11 @@ class IoWorkers:
                         self._forget(conn)
                 elif op == "active":
                     t.note_activity(msg["cntlids"])
-                elif op == "error":
-                    t.log_controller_error(**msg["entry"])
+                elif op == "error":  # the worker holds the command's CQE until this is answered
+                    try:
+                        t.log_controller_error(**msg["entry"])
+                    finally:
+                        w.link.send({"op": "reply", "req": msg["req"], "value": True})
                 elif op == "take":
                     f = t.faults
                     value = f.take_failure() if msg["what"] == "failure" else f.take_read_corruption()

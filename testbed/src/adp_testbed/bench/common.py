@@ -40,6 +40,11 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU tier of the cpu-offload arm (default: the preset's, the same as the card's capacity)")
     p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); skips the local emulator")
     p.add_argument("--nqn", help="subsystem NQN with --target (default: ask the discovery controller)")
+    p.add_argument("--target-workers", type=int, default=None, metavar="N",
+                   help="I/O worker processes of the local emulator (adp-emulator serve --io-workers)")
+    p.add_argument("--connector-opt", action="append", default=[], metavar="KEY=VALUE", type=connector_opt,
+                   help="ADPConnector option for the adp arm (repeatable, e.g. --connector-opt load_processes=4; "
+                        "names: docs/connector.md)")
     p.add_argument("--kv-cache-bytes", type=parse_size, help="device KV cache memory per engine (e.g. 16M, 24G)")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
@@ -50,6 +55,17 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                                  "(default bench-results/<scenario>-<time>)")
     p.add_argument("--json", help="also write the results JSON here")
     p.add_argument("--no-report", action="store_true", help="skip the Markdown/PNG report")
+
+
+def connector_opt(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (key, value), the value read as JSON when it parses (4, true, 1.5), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
 
 
 def int_list(text: str) -> list[int]:
@@ -109,17 +125,20 @@ class Run:
             n = self.args.offload_bytes or self.settings["offload_cpu_bytes"]
             yield SV.offload_config(n), f"vLLM OffloadingConnector, CPU tier of {n} bytes"
             return
+        opts = dict(self.args.connector_opt)
         if self.args.target:
             host, _, port = self.args.target.rpartition(":")
-            yield SV.connector_config(host, int(port), self.args.nqn, namespace_extra=self.run_id), \
+            yield SV.connector_config(host, int(port), self.args.nqn, namespace_extra=self.run_id, **opts), \
                 f"external {self.args.target} {self.args.nqn or '(discovery)'}"
             return
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="adp-bench-card-"))
             t = stack.enter_context(LocalTarget(capacity=self.settings["target_capacity_bytes"],
-                                                backing=str(Path(tmp) / "card.img")))
-            yield SV.connector_config(t.traddr, t.trsvcid, t.subnqn, namespace_extra=self.run_id), \
-                f"local emulator {t.traddr}:{t.trsvcid} {t.subnqn} (file-backed)"
+                                                backing=str(Path(tmp) / "card.img"),
+                                                io_workers=self.args.target_workers))
+            workers = f", {self.args.target_workers} I/O workers" if self.args.target_workers else ""
+            yield SV.connector_config(t.traddr, t.trsvcid, t.subnqn, namespace_extra=self.run_id, **opts), \
+                f"local emulator {t.traddr}:{t.trsvcid} {t.subnqn} (file-backed{workers})"
 
     def run_arms(self, body: Callable[[str, dict[str, Any] | None], dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """``body(arm, kv_transfer)`` for each requested arm; a failing arm is reported, not fatal."""
@@ -152,7 +171,9 @@ class Run:
             "engine": {**self.engine, "model": self.model, "vllm": SV.vllm_version(self.python),
                        "extra_args": list(self.args.engine_arg)},
             "environment": {"host": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
-                            "target": "external" if self.args.target else "local emulator"},
+                            "target": "external" if self.args.target else "local emulator",
+                            "target_workers": self.args.target_workers},
+            "connector_options": dict(self.args.connector_opt),
             "arms": arms, **(extra or {}), "wall_s": round(time.monotonic() - self.t0, 1),
         }
         text = json.dumps(result, indent=1)
