@@ -218,6 +218,31 @@ def test_report(tmp_path: Path, scenario: str) -> None:
     assert "# ADP KV scenario benchmarks" in (tmp_path / "combined" / "report.md").read_text()
 
 
+def test_same_run_ratios_against_the_other_arms(tmp_path: Path) -> None:
+    from adp_testbed.bench import agents, sweep
+
+    res = _fake_result("agents")
+    base = res["arms"]["baseline"]
+    assert agents.ratios(res["arms"]) == []  # no connector arm, no ratios
+    adp = {"available": True, "points": [dict(pt, agent_tps_mean=pt["agent_tps_mean"] * f, failed=0)
+                                         for pt, f in zip(base["points"], (0.98, 3.0, 6.5), strict=True)]}
+    cpu = {"available": True, "points": [dict(pt, agent_tps_mean=pt["agent_tps_mean"] * 4) for pt in base["points"]]}
+    rows = agents.ratios({"baseline": base, "cpu-offload": cpu, "adp": adp})
+    assert rows == [{"agents": 1, "adp_failed": 0, "vs_baseline": 0.98, "vs_cpu-offload": 0.245},
+                    {"agents": 2, "adp_failed": 0, "vs_baseline": 3.0, "vs_cpu-offload": 0.75},
+                    {"agents": 4, "adp_failed": 0, "vs_baseline": 6.5, "vs_cpu-offload": 1.625}]
+    res["arms"]["adp"], res["ratios"] = adp, rows
+    assert "vs_baseline 6.5" in report.write_report(res, tmp_path).read_text()
+
+    res = _fake_result("sweep")
+    base = res["arms"]["baseline"]
+    faster = {"available": True, "points": [dict(pt, ttft_s=dict(pt["ttft_s"], p95=pt["ttft_s"]["p95"] / 2),
+                                                 failed=0) for pt in base["points"]]}
+    rows = sweep.ratios({"baseline": base, "adp": faster})
+    assert [r["p95_ttft_vs_baseline"] for r in rows] == [0.5, 0.5, 0.5]
+    assert [(r["adp_failed"], r["baseline_failed"]) for r in rows] == [(0, 0), (0, 1), (0, 4)]
+
+
 def test_cli_registers_scenarios() -> None:
     ap = build_parser()
     a = ap.parse_args(["bench", "restart", "--preset", "cpu-smoke", "--prompts", "2", "--target", "10.0.0.2:4420",

@@ -92,12 +92,37 @@ def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
     return {"engine_start_s": round(start_s, 1), "points": points}
 
 
+def ratios(arms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per agent count, the connector arm's mean tokens/s per agent over the other arms' in the same run (issue #7
+    goals: >= 6x the baseline at 8 agents, <= 2% cost at 1 agent, >= 0.8x the CPU tier where it holds the working
+    set); ``adp_failed`` counts its failed requests. Empty unless the adp arm ran."""
+    adp = arms.get("adp", {})
+    if not adp.get("available"):
+        return []
+    others = {a: {pt["agents"]: pt for pt in arms[a]["points"]} for a in ("baseline", "cpu-offload")
+              if arms.get(a, {}).get("available")}
+    out = []
+    for pt in adp["points"]:
+        row: dict[str, Any] = {"agents": pt["agents"], "adp_failed": pt["failed"]}
+        for arm, pts in others.items():
+            ref = pts.get(pt["agents"])
+            if ref and ref["agent_tps_mean"]:
+                row[f"vs_{arm}"] = round(pt["agent_tps_mean"] / ref["agent_tps_mean"], 3)
+        out.append(row)
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
     run = C.Run("agents", args, {k: getattr(args, k) for k in ("agent_counts", "history_len", "turn_tokens", "turns",
                                                                 "max_tokens", "speed_floor_tps")})
-    result = run.finish(run.run_arms(lambda arm, kv: _arm(run, arm, kv)))
-    return C.print_points(result, run, lambda pt: (
+    arms = run.run_arms(lambda arm, kv: _arm(run, arm, kv))
+    result = run.finish(arms, {"ratios": ratios(arms)})
+    rc = C.print_points(result, run, lambda pt: (
         f"{pt['agents']:3} agents  {pt['agent_tps_mean']:7.1f} tok/s per agent "
         f"(min {pt['agent_tps_min']:.1f})  below floor {pt['below_floor_share']:.0%}  "
         f"TTFT p95 {pt['ttft_s']['p95']}  ext hits {pt['counters']['external_prefix_cache_hits']:.0f}  "
         f"failed {pt['failed']}"))
+    for r in result["ratios"]:
+        print(f"adp / other arms at {r['agents']:3} agents: "
+              + "  ".join(f"{k[3:]} {v:.2f}x" for k, v in r.items() if k.startswith("vs_")))
+    return rc

@@ -179,6 +179,9 @@ def section(result: dict[str, Any], out: Path, plt: Any = None, image_prefix: st
             f"model `{Path(str(e['model'])).name}`, {e.get('vllm')}, max_model_len {e['max_model_len']}, "
             f"KV cache bytes {e.get('kv_cache_bytes')}; parameters `{json.dumps(result['params'])}`; "
             f"wall {result['wall_s']} s.", "", *_arms_lines(result), ""]
+    if result.get("ratios"):
+        head += ["Connector arm against the others, same run: " + "; ".join(
+            ", ".join(f"{k} {v}" for k, v in r.items()) for r in result["ratios"]), ""]
     acc = result.get("acceptance")
     if sc == "restart":
         head += [f"Acceptance (connector arm): `{json.dumps(acc)}`" if acc else

@@ -92,11 +92,34 @@ def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
     return {"engine_start_s": round(start_s, 1), "warmup": warm, "points": points}
 
 
+def ratios(arms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per user count, the connector arm's p95 TTFT over the baseline's in the same run and both arms' failed
+    requests (issue #7 goal: lower p95 at every point, 0 failed with the connector). Empty unless both ran."""
+    adp, base = arms.get("adp", {}), arms.get("baseline", {})
+    if not (adp.get("available") and base.get("available")):
+        return []
+    ref = {pt["users"]: pt for pt in base["points"]}
+    out = []
+    for pt in adp["points"]:
+        b = ref.get(pt["users"])
+        if b is None:
+            continue
+        p95, b95 = pt["ttft_s"]["p95"], b["ttft_s"]["p95"]
+        out.append({"users": pt["users"], "p95_ttft_vs_baseline": round(p95 / b95, 3) if p95 and b95 else None,
+                    "adp_failed": pt["failed"], "baseline_failed": b["failed"]})
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
     run = C.Run("sweep", args, {k: getattr(args, k) for k in ("users", "requests_per_user", "contexts", "context_len",
                                                                "suffix_len", "max_tokens", "warmup")})
-    result = run.finish(run.run_arms(lambda arm, kv: _arm(run, arm, kv)))
-    return C.print_points(result, run, lambda pt: (
+    arms = run.run_arms(lambda arm, kv: _arm(run, arm, kv))
+    result = run.finish(arms, {"ratios": ratios(arms)})
+    rc = C.print_points(result, run, lambda pt: (
         f"{pt['users']:4} users  TTFT p50 {pt['ttft_s']['p50']} p95 {pt['ttft_s']['p95']}  "
         f"{pt['output_tps']:8.1f} tok/s  failed {pt['failed']}/{pt['requests']}  "
         f"ext hits {pt['counters']['external_prefix_cache_hits']:.0f}"))
+    for r in result["ratios"]:
+        print(f"adp / baseline at {r['users']:4} users: p95 TTFT {r['p95_ttft_vs_baseline']}x  "
+              f"failed {r['adp_failed']} vs {r['baseline_failed']}")
+    return rc
