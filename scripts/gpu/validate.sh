@@ -10,8 +10,10 @@
 #              FAMILIES="..." picks others.
 # restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
 # agents|sweep: `testbed bench agents|sweep --preset gpu` on the 8B shape (dummy weights, `vllm serve`), arms
-#              baseline, cpu-offload (vLLM's OffloadingConnector) and adp; BENCH_ARGS adds options (e.g.
-#              "--agents 1,8 --turns 3": size them to the device time left; the card is file-backed in /tmp).
+#              baseline, cpu-offload (vLLM's OffloadingConnector) and adp; BENCH_ARGS adds options, e.g.
+#              "--agents 1,4,8 --turns 3 --target-workers 4 --connector-opt load_processes=4 --connector-opt
+#              io_queues=4" (size them to the device time left; the card is file-backed in /tmp); the adp arm's
+#              same-run ratios against the others are printed last and stored as `ratios` in results.json.
 set -u
 what=${1:?correctness or restart}
 out=${2:?output directory}
