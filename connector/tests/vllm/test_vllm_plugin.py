@@ -45,9 +45,16 @@ def test_vllm_versions_supported_and_refused() -> None:
             _check_vllm_version(untested)
 
 
-def test_legacy_vllm_refuses_models_it_cannot_serve_safely() -> None:
+def test_legacy_vllm_refuses_models_it_cannot_serve_safely(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from adp_connector.vllm import legacy_invalid_blocks
     from adp_connector.vllm.connector import _check_legacy_layouts
     from adp_connector.vllm.layouts import GroupKind, GroupLayout, LayerLayout, LayerRole
+
+    # the multi-group case patches the scheduler class (in the engine core, normally): undone after this test
+    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks",
+                        Scheduler._update_requests_with_invalid_blocks)
 
     def group(gid: int, kind: GroupKind, spec: str) -> GroupLayout:
         return GroupLayout(gid, kind, spec, 16, (LayerLayout(f"model.layers.{gid}.attn", LayerRole.KV, 4096),))
@@ -57,6 +64,9 @@ def test_legacy_vllm_refuses_models_it_cannot_serve_safely() -> None:
     with pytest.raises(RuntimeError, match="Mamba/GDN hybrid"):
         _check_legacy_layouts("0.26.0", [group(0, GroupKind.FULL, "FullAttentionSpec"),
                                          group(1, GroupKind.STATE, "MambaSpec")])
+    swa = [group(0, GroupKind.FULL, "FullAttentionSpec"), group(1, GroupKind.WINDOW, "SlidingWindowSpec")]
+    _check_legacy_layouts("0.26.0", swa)  # several groups: served, with 0.26's load-error path extended
+    assert getattr(Scheduler._update_requests_with_invalid_blocks, "_adp_multi_group", False)
+    monkeypatch.setattr(legacy_invalid_blocks, "install", lambda: False)  # a scheduler it cannot extend
     with pytest.raises(RuntimeError, match=r"2 KV-cache groups \(full, window\)"):
-        _check_legacy_layouts("0.26.0", [group(0, GroupKind.FULL, "FullAttentionSpec"),
-                                         group(1, GroupKind.WINDOW, "SlidingWindowSpec")])
+        _check_legacy_layouts("0.26.0", swa)
