@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from adp_connector.vllm.config import ConfigError, parse_config
+
 from ..sizes import parse_size
 from ..targets import LocalTarget
 from . import serve as SV
@@ -92,6 +94,10 @@ class Run:
         bad = sorted(set(self.arms) - set(SV.ARMS))
         if bad:
             raise SystemExit(f"testbed bench {scenario}: unknown arm(s) {bad}; choose from {list(SV.ARMS)}")
+        try:  # a bad --connector-opt fails here, not after the other arms have run
+            parse_config(dict(args.connector_opt))
+        except ConfigError as e:
+            raise SystemExit(f"testbed bench {scenario}: --connector-opt: {e}") from None
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = Path(args.out or f"bench-results/{scenario}-{stamp}")
         self.out.mkdir(parents=True, exist_ok=True)
