@@ -260,7 +260,7 @@ def test_cli_registers_scenarios() -> None:
     with pytest.raises(SystemExit):
         ap.parse_args(["bench", "agents", "--connector-opt", "load_processes"])
     a = ap.parse_args(["bench", "agents", "--model", "x", "--connector-opt", "load_procesess=4"])
-    with pytest.raises(SystemExit, match="--connector-opt: .*load_procesess"):  # a typo stops it before any arm
+    with pytest.raises(SystemExit, match=r"--connector-opt: .*load_procesess"):  # a typo stops it before any arm
         a.func(a)
 
 

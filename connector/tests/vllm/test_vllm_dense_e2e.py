@@ -18,35 +18,12 @@ pytest.importorskip("transformers", reason="random-weight models are generated w
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_models as vm
-
-from adp_connector.nvmeof.host import Controller, HostConfig
-from adp_connector.store import PageStore, StoreConfig
-from adp_emulator.target import TargetSettings, UserspaceTarget
+from card import corrupt_all_pages, start_card
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 PROMPT_LEN = 1200
 BLOCK = 128
-
-
-def _start(backing: Path) -> UserspaceTarget:
-    return UserspaceTarget(TargetSettings(port=0, capacity_bytes=1 << 30, backing_path=str(backing))).start()
-
-
-def _corrupt_all_pages(tgt: UserspaceTarget) -> int:
-    """Flip bytes in the middle of every stored page's payload (header intact: only the checksum can tell)."""
-    ctrl = Controller.connect(HostConfig(traddr="127.0.0.1", trsvcid=tgt.address[1]))
-    try:
-        store = PageStore(ctrl, StoreConfig(writer=False))
-        lba = ctrl.lba_size
-        # Test-only use of the index (private): docs/format.md places the payload one LBA after the page's header.
-        locs = list(store._foreign.values()) + list(store._own.values())
-        for loc in locs:
-            tgt.faults.corrupt((loc.lba + 1) * lba + loc.length // 2, 64)
-        store.close()
-        return len(locs)
-    finally:
-        ctrl.close()
 
 
 # vLLM 0.26's LLM class drops the stats of engine steps without request outputs (``LLMEngine.step`` records only
@@ -75,16 +52,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 "llm_kwargs": {"max_num_seqs": 1},
                 "connector": vm.adp_connector(port, audit_path=str(work / f"audit-{tag}"), **extra)}
 
-    tgt = _start(backing)
+    tgt = start_card(backing)
     try:
         # pass 2 = a LOCAL prefix-cache hit: the same compute shapes as a restored run (the reference)
         out["cold"] = vm.run_subprocess(spec(tgt.address[1], "cold", passes=2), work / "engines")
     finally:
         tgt.stop()
-    tgt = _start(backing)  # the target restarts too: pages survive in the backing file
+    tgt = start_card(backing)  # the target restarts too: pages survive in the backing file
     try:
         out["warm"] = vm.run_subprocess(spec(tgt.address[1], "warm"), work / "engines")
-        out["corrupted_pages"] = _corrupt_all_pages(tgt)
+        out["corrupted_pages"] = corrupt_all_pages(tgt)
         out["noverify"] = vm.run_subprocess(spec(tgt.address[1], "noverify", verify=False), work / "engines")
         out["verify"] = vm.run_subprocess(spec(tgt.address[1], "verify", verify=True), work / "engines")
     finally:

@@ -20,8 +20,7 @@ pytest.importorskip("transformers", reason="random-weight models are generated w
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_models as vm
-
-from adp_emulator.target import TargetSettings, UserspaceTarget
+from card import start_card
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -30,10 +29,6 @@ PROMPT_LEN = 1200
 # chunks; fixed by 0.32): there only the tokens and num_cached_tokens are checked (docs/connector.md).
 LEGACY_STATS = vm.vllm_version() < (0, 32)
 HIT = PROMPT_LEN // 128 * 128
-
-
-def _target(backing: Path, port: int = 0) -> UserspaceTarget:
-    return UserspaceTarget(TargetSettings(port=port, capacity_bytes=1 << 30, backing_path=str(backing))).start()
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +40,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     marker = work / "pass.marker"
     ready = work / "ready.marker"
     out: dict = {}
-    tgt = _target(backing)
+    tgt = start_card(backing)
     port = tgt.address[1]
     base = {"model": model, "prompts": prompts, "max_tokens": 16, "llm_kwargs": {"max_num_seqs": 1}}
     try:
@@ -54,7 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
                  connector=vm.adp_connector(port, retry_interval_s=0.5, load_timeout_s=10.0)), work / "engines")
     finally:
         tgt.stop()
-    holder = {"tgt": _target(backing, port)}
+    holder = {"tgt": start_card(backing, port)}
     events: dict[str, float] = {}
 
     def saboteur() -> None:
@@ -70,7 +65,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         holder["tgt"].stop()  # killed mid-load
         events["killed"] = time.monotonic()
         time.sleep(3.0)
-        holder["tgt"] = _target(backing, port)  # back, same port, same pages
+        holder["tgt"] = start_card(backing, port)  # back, same port, same pages
         events["back"] = time.monotonic()
 
     th = threading.Thread(target=saboteur, daemon=True)

@@ -82,9 +82,9 @@ def test_deepseek_v3_mtp_drafter_layer_stored_or_zero_filled() -> None:
     (zeroed,) = describe_groups(_cfg((names, mla)), drafters, store_drafters=False)
     (without,) = describe_groups(_cfg((names[:4], mla)))
     assert [la.role for la in stored.layers][-1] is LayerRole.DRAFTER
-    assert stored.stores_drafter and not stored.drafter_layers and stored.page_bytes == 5 * 147456
+    assert stored.stores_drafter and not stored.zero_filled_layers and stored.page_bytes == 5 * 147456
     assert stored.descriptor != without.descriptor  # its own pages: never read by an engine without the drafter
-    assert not zeroed.stores_drafter and [la.name for la in zeroed.drafter_layers] == [names[4]]
+    assert not zeroed.stores_drafter and [la.name for la in zeroed.zero_filled_layers] == [names[4]]
     assert zeroed.page_bytes == without.page_bytes
     assert zeroed.descriptor == without.descriptor  # MTP on/off read each other's pages
     # a hit with stored drafter KV ends where the next block's page is stored too

@@ -19,7 +19,7 @@ pytest.importorskip("transformers", reason="random-weight models are generated w
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_models as vm
-from test_vllm_dense_e2e import _corrupt_all_pages, _start
+from card import corrupt_all_pages, start_card
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -39,15 +39,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         return {"model": model, "prompts": prompts, "max_tokens": 16, "passes": 1, "llm_kwargs": {"max_num_seqs": 1},
                 "connector": vm.adp_connector(port, audit_path=str(work / f"audit-{tag}"), verify=True)}
 
-    tgt = _start(backing)
+    tgt = start_card(backing)
     try:
         out["cold"] = vm.run_subprocess(spec(tgt.address[1], "cold"), work / "engines")
     finally:
         tgt.stop()
-    tgt = _start(backing)
+    tgt = start_card(backing)
     try:
         out["warm"] = vm.run_subprocess(spec(tgt.address[1], "warm"), work / "engines")
-        out["corrupted_pages"] = _corrupt_all_pages(tgt)
+        out["corrupted_pages"] = corrupt_all_pages(tgt)
         out["bad"] = vm.run_subprocess(spec(tgt.address[1], "bad"), work / "engines")
     finally:
         tgt.stop()

@@ -189,9 +189,13 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
     first = [t[:1] for t in e3["tokens"]]  # MTP on, no connector hit: B's first tokens
     on_to_off = [t[:1] for t in e4["tokens"][:n]] == first
     off_to_on = [t[:1] for t in e5["tokens"]] == [t[:1] for t in e4["tokens"][n:]]
-    hit = [sum((len(p) - 1) // unit * unit for p in s) for s in (a, b, c)]
-    # with drafter KV the page after the hit must be stored too (its first token fed the hit's last drafter slot)
-    hit[0] = sum(min((len(p) - 1) // unit, len(p) // unit - 1) * unit for p in a)
+    def full(p: list[int]) -> int:
+        return (len(p) - 1) // unit * unit
+
+    def with_next_page(p: list[int]) -> int:  # drafter KV stored: the page after the hit must be stored too
+        return min((len(p) - 1) // unit, len(p) // unit - 1) * unit
+
+    hit = [sum(map(with_next_page, a)), sum(map(full, b)), sum(map(full, c))]
     # 0.26's LLM class drops the counters of steps without outputs (a restore's): count hits per request there
     legacy = vm.vllm_version() < (0, 32)
 

@@ -344,9 +344,9 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             return 0, False
         hashes = request.block_hashes
         # Leave >= 1 token to compute (and never restore a recurrent state at the very last token).
-        max_tokens = min(request.num_tokens - 1, len(hashes) * self.hash_block_size)
-        present: dict[int, list[bool]] = {}
         hashed = len(hashes) * self.hash_block_size
+        max_tokens = min(request.num_tokens - 1, hashed)
+        present: dict[int, list[bool]] = {}
         for g in self.layouts:
             if not g.persists:
                 continue
@@ -406,7 +406,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                     ok = False
                     continue
                 pages.append((g.group_id, bid, bytes(key)))
-                if g.drafter_layers:
+                if g.zero_filled_layers:
                     zero.append((g.group_id, bid))
         if not ok or not pages:
             pages = []  # an empty restore reported as failed -> recompute

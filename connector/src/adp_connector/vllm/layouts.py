@@ -64,11 +64,7 @@ class LayerLayout:
     name: str
     role: LayerRole
     page_bytes: int
-    stored: bool = True  # False: not in the page (an unstored drafter layer, zero-filled on restore)
-
-    @property
-    def persisted(self) -> bool:
-        return self.stored
+    persisted: bool = True  # False: not in the page (a drafter layer not stored, zero-filled on restore)
 
 
 @dataclass(frozen=True)
@@ -88,8 +84,8 @@ class GroupLayout:
         return tuple(la for la in self.layers if la.persisted)
 
     @property
-    def drafter_layers(self) -> tuple[LayerLayout, ...]:
-        """Drafter layers left out of the page (a restore zero-fills them)."""
+    def zero_filled_layers(self) -> tuple[LayerLayout, ...]:
+        """Layers left out of the page (drafter layers not stored): a restore zero-fills them."""
         return tuple(la for la in self.layers if not la.persisted)
 
     @property
@@ -200,8 +196,8 @@ def describe_group(group_id: int, group: Any, drafter_layers: Iterable[str] = ()
     layers = []
     for name, lspec in _layer_specs(group):
         role = LayerRole.DRAFTER if kind is GroupKind.VOLATILE else layer_role(name, lspec, drafters)
-        stored = role is not LayerRole.DRAFTER or (store_drafters and kind is not GroupKind.VOLATILE)
-        layers.append(LayerLayout(name, role, _real_page_bytes(lspec), stored))
+        persisted = role is not LayerRole.DRAFTER or (store_drafters and kind is not GroupKind.VOLATILE)
+        layers.append(LayerLayout(name, role, _real_page_bytes(lspec), persisted))
     inner = getattr(spec, "kv_cache_specs", None)
     probe = next(iter(inner.values())) if isinstance(inner, dict) and inner else spec
     replicated = kind is GroupKind.MLA or bool(getattr(probe, "tp_replicated", False))
