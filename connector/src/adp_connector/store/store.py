@@ -246,6 +246,14 @@ class PageStore:
         with self._lock:
             return list(self._own) + [k for k in self._foreign if k not in self._own]
 
+    def payload_extents(self) -> list[tuple[bytes, int, int]]:
+        """(key, namespace byte offset, length) of every indexed page's payload, which follows the page's header
+        block (docs/format.md §5): what a media-corruption control needs to hit payload bytes only."""
+        lba = self._dev.lba_size
+        with self._lock:
+            locs = {**self._foreign, **self._own}
+            return [(k, (loc.lba + 1) * lba, loc.length) for k, loc in locs.items()]
+
     def save_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
         """Start saving ``buffers[i]`` under ``keys[i]``; the buffers must stay unchanged until done."""
         return self._start("save", self._run_save, keys, buffers)

