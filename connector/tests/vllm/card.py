@@ -19,12 +19,10 @@ def corrupt_all_pages(tgt: UserspaceTarget) -> int:
     ctrl = Controller.connect(HostConfig(traddr="127.0.0.1", trsvcid=tgt.address[1]))
     try:
         store = PageStore(ctrl, StoreConfig(writer=False))
-        lba = ctrl.lba_size
-        # Test-only use of the index (private): docs/format.md places the payload one LBA after the page's header.
-        locs = list(store._foreign.values()) + list(store._own.values())
-        for loc in locs:
-            tgt.faults.corrupt((loc.lba + 1) * lba + loc.length // 2, 64)
+        extents = store.payload_extents()
+        for _key, offset, length in extents:
+            tgt.faults.corrupt(offset + length // 2, 64)
         store.close()
-        return len(locs)
+        return len(extents)
     finally:
         ctrl.close()
