@@ -1,23 +1,23 @@
 """One NVMe/TCP connection (= one queue): PDU transport, admin/Fabrics/NVM command execution.
 
-Runs in its own thread with a blocking socket. Headers are read into a small reusable buffer and
-validated with the shared codec (:func:`check_common_header` / :func:`decode_header`); data lands
+Runs in its own thread with a blocking socket. Every PDU goes through the shared codec
+(:mod:`adp_wire`): the IC exchange through its :class:`~adp_wire.stream.PduDecoder`, later headers
+through the queue's :class:`~adp_wire.hotpath.HeaderCheck`, and what the target sends through its
+:class:`~adp_wire.hotpath.PduPacker`. Headers are read into a small reusable buffer; data lands
 with ``recv_into`` straight in the namespace mmap (writes) and leaves with ``sendmsg`` from slices
-of it (reads). A malformed PDU ends this connection only, after a C2HTermReq (notes §1.7, SPDK style).
+of it (reads). A malformed PDU ends this connection only, after a C2HTermReq (as SPDK does).
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from adp_connector.nvmeof.wire.constants import (
-    CATTR_DISABLE_SQ_FLOW_CONTROL,
+from adp_wire.constants import (
     CNTLID_DYNAMIC,
     CONNECT_DATA_SIZE,
     CSTS_RDY,
@@ -29,26 +29,17 @@ from adp_connector.nvmeof.wire.constants import (
     Feature,
     IoOpcode,
     LogPage,
-    PduFlags,
     PduType,
     Property,
     SglId,
 )
-from adp_connector.nvmeof.wire.digest import crc32c
-from adp_connector.nvmeof.wire.pdu import (
-    CH,
-    R2T,
-    CommonHeader,
-    ICResp,
-    PduError,
-    TermReq,
-    check_common_header,
-    decode_header,
-    encode,
-    encode_bytes,
-)
-from adp_connector.nvmeof.wire.sqe import DSM_ATTR_DEALLOCATE, DSM_RANGE, Sqe, connect_fields
-from adp_connector.nvmeof.wire.structs import ConnectData, encode_ns_list
+from adp_wire.digest import crc32c, read_digest
+from adp_wire.hotpath import DATA_FIELDS, HeaderCheck, PduPacker
+from adp_wire.negotiate import QueueState, accept_icreq
+from adp_wire.pdu import ICResp, PduError, TermReq, encode_bytes
+from adp_wire.sqe import DSM_ATTR_DEALLOCATE, Sqe, connect_fields, decode_dsm_ranges
+from adp_wire.stream import PduDecoder
+from adp_wire.structs import ConnectData, encode_ns_list
 
 from . import controller as C
 from .counters import IoCounters
@@ -60,17 +51,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-_U32 = struct.Struct("<I")
-_CH_UNPACK = CH.unpack_from
 _RBUF = 64 * 1024  # read-ahead buffer for headers and small payloads
 _DIRECT_RECV = 4096  # payloads at least this large are received straight into their destination
-_DATA_HDR = struct.Struct("<HHII")  # H2CData: cccid, ttag, datao, datal (at offset 8)
-_RESP = struct.Struct("<BBBBIIIHHHH")  # common header + CQE
-_C2H = struct.Struct("<BBBBIHHII")  # common header + cccid, ttag, datao, datal
-_HDGSTF, _DDGSTF, _LAST, _SUCCESS = (int(PduFlags.HDGSTF), int(PduFlags.DDGSTF), int(PduFlags.DATA_LAST),
-                                     int(PduFlags.DATA_SUCCESS))
-_T_CMD, _T_H2C, _T_ICREQ, _T_H2CTERM = (int(PduType.CAPSULE_CMD), int(PduType.H2C_DATA), int(PduType.IC_REQ),
-                                        int(PduType.H2C_TERM_REQ))
+_IC_MAX_PLEN = 24 + 128  # before the IC exchange: an ICReq (128) or an H2CTermReq with its data
+_T_CMD, _T_H2C = int(PduType.CAPSULE_CMD), int(PduType.H2C_DATA)
 _DIR_NONE, _DIR_OUT, _DIR_IN = 0, 1, 2
 _FABRICS = int(AdminOpcode.FABRICS)
 _READ, _WRITE = int(IoOpcode.READ), int(IoOpcode.WRITE)
@@ -113,16 +97,9 @@ class Connection:
         self.sock = sock
         self.peer = peer
         self.local_addr = sock.getsockname()
-        self.hd = False
-        self.dd = False
-        self.fl_h = 0  # HDGSTF when header digests are on
-        self.fl_hd = 0  # HDGSTF|DDGSTF as negotiated (data-carrying PDUs)
-        self.hpda = 0
+        self.state = QueueState()  # digests, the host's PDU alignment, SQ size/head/flow control
         self.qid = -1  # not connected yet
         self.ctrl: Controller | None = None
-        self.sqsize = 0
-        self.sqhd = 0
-        self.sqflow = True
         self.counters = IoCounters()
         self.closed = False
         self.send_lock = threading.Lock()
@@ -133,12 +110,12 @@ class Connection:
         self.max_icd = max(self.settings.in_capsule_bytes, ADMIN_IN_CAPSULE)
         self.scratch = bytearray(self.max_icd + 512)
         self.sview = memoryview(self.scratch)
-        self.cmd_max_plen = 72 + 4 + 255 + self.max_icd + 4
-        self.h2c_max_plen = 24 + 4 + 255 + self.settings.maxh2cdata + 4
+        self.plen_limits = {_T_CMD: 72 + 4 + 255 + self.max_icd + 4,
+                            _T_H2C: 24 + 4 + 255 + self.settings.maxh2cdata + 4}
+        self.packer = PduPacker()
+        self.rx = HeaderCheck(receiver_is_host=False, max_plen=_IC_MAX_PLEN, limits=self.plen_limits)
         self.pending: dict[int, _Xfer] = {}
         self.free_ttags: list[int] = []
-        self.c2h_pdo = 24
-        self.c2h = bytearray(24)
         self.ns = target.namespaces.get(1)
         self.faults = target.faults
         self.mdts = self.settings.mdts_bytes
@@ -264,16 +241,8 @@ class Connection:
     def _resp(self, cid: int, status: int, dw0: int, dw1: int, sqhd: int | None = None) -> bytes:
         """A CapsuleResp PDU (call with send_lock held: it advances SQHD)."""
         if sqhd is None:
-            if self.sqflow and self.sqsize:
-                self.sqhd = (self.sqhd + 1) % self.sqsize
-                sqhd = self.sqhd
-            else:
-                sqhd = 0
-        qid = self.qid if self.qid >= 0 else 0
-        if self.hd:
-            hdr = _RESP.pack(5, _HDGSTF, 24, 0, 28, dw0, dw1, sqhd, qid, cid, status)
-            return hdr + _U32.pack(crc32c(hdr))
-        return _RESP.pack(5, 0, 24, 0, 24, dw0, dw1, sqhd, qid, cid, status)
+            sqhd = self.state.next_sqhd()
+        return self.packer.capsule_resp(cid, status, dw0, dw1, sqhd, self.qid if self.qid >= 0 else 0)
 
     def send_completion(self, cid: int, status: int = 0, dw0: int = 0, dw1: int = 0) -> None:
         """Send a CapsuleResp (thread-safe; used for deferred AER completions)."""
@@ -285,29 +254,14 @@ class Connection:
 
     def _send_data(self, cid: int, data: bytes | memoryview, dw0: int = 0, corrupt: bool = False) -> None:
         """C2HData (one PDU, LAST_PDU) then CapsuleResp, or C2HData with SUCCESS when SQ flow control is off."""
-        n = len(data)
-        pdo = self.c2h_pdo
-        flags = _LAST
-        if self.hd:
-            flags |= _HDGSTF
-        bufs: list = [self.c2h, data]
-        total = pdo + n
-        if self.dd:
-            flags |= _DDGSTF
-            bufs.append(_U32.pack(crc32c(data)))
-            total += 4
-        plen = total
-        if corrupt:
+        use_success = not self.state.sqflow
+        bufs = self.packer.c2h_data(cid, 0, data, last=True, success=use_success)
+        if corrupt:  # the digest (if any) stays that of the real data
             bad = bytearray(data)
             bad[0] ^= 0xFF
             bufs[1] = bad
-        use_success = not self.sqflow
-        if use_success:
-            flags |= _SUCCESS
+        total = sum(len(b) for b in bufs)
         with self.send_lock:
-            _C2H.pack_into(self.c2h, 0, 7, flags, 24, pdo, plen, cid, 0, 0, n)
-            if self.hd:
-                _U32.pack_into(self.c2h, 24, crc32c(self.hview_c2h))
             if not use_success:
                 r = self._resp(cid, 0, dw0, 0)
                 bufs.append(r)
@@ -318,102 +272,55 @@ class Connection:
     # Connection setup
 
     def _read_header(self) -> tuple[int, int, int, int, bool]:
-        """Read and validate one PDU header into ``hbuf``: (type, header span, PDO, data length, DDGST).
-
-        The common well-formed shapes are checked inline (the same rules as the codec, which costs
-        ~25 us per PDU); anything else goes through :func:`check_common_header` /
-        :func:`decode_header`, so the codec decides every error.
-        """
+        """Read one PDU header into ``hbuf``, validated by the codec's :class:`HeaderCheck`:
+        (type, header span, PDO, data length, DDGST)."""
         hv = self.hview
-        hb = self.hbuf
         self._recv_exact(hv[:8])
-        t, flags, hlen, pdo, plen = _CH_UNPACK(hb)
-        h = 4 if self.hd else 0
-        d = 4 if self.dd else 0
-        dlen = -1
-        if t == _T_CMD and hlen == 72:
-            if flags == self.fl_h and pdo == 0 and plen == 72 + h:
-                dlen = 0
-            elif flags == self.fl_hd and pdo >= 72 + h and not pdo & 3 and pdo + d < plen <= self.cmd_max_plen:
-                dlen = plen - pdo - d
-        elif (t == _T_H2C and hlen == 24 and flags & ~_LAST == self.fl_hd and pdo >= 24 + h and not pdo & 3
-              and pdo + d < plen <= self.h2c_max_plen):
-            dlen = plen - pdo - d
-        if dlen >= 0:
-            span = hlen + h
-            self._recv_exact(hv[8:span])
-            if (not h or crc32c(hv[:hlen]) == _U32.unpack_from(hb, hlen)[0]) and (
-                    t != _T_H2C or _U32.unpack_from(hb, 16)[0] == dlen):
-                return t, span, pdo if dlen else 0, dlen, bool(d and dlen)
-            hdr = decode_header(hv[:span], False, self.hd, self.dd, plen)  # raises the codec's error
-            return t, hdr.header_span, hdr.data_offset, hdr.data_len, hdr.has_ddgst
-        raw8 = bytes(hv[:8])
-        if t == _T_CMD:
-            bound = self.cmd_max_plen
-        elif t == _T_H2C:
-            bound = self.h2c_max_plen
-        else:
-            bound = 152
-        if ((t == _T_CMD and hlen == 72) or (t == _T_H2C and hlen == 24)) and plen < hlen + h:
-            # The codec would blame PDO (FEI 3) here; the bad field is PLEN (offset 4).
-            raise PduError(FatalErrorStatus.INVALID_HEADER_FIELD, f"PLEN {plen} shorter than the header", 4, raw8)
-        check_common_header(CommonHeader(t, flags, hlen, pdo, plen), raw8, False, self.hd, self.dd, bound)
-        span = hlen + (4 if flags & _HDGSTF else 0)
+        t, span, pdo, dlen, has_dd = self.rx.common(hv)
         self._recv_exact(hv[8:span])
-        hdr = decode_header(hv[:span], False, self.hd, self.dd, bound)
-        return t, hdr.header_span, hdr.data_offset, hdr.data_len, hdr.has_ddgst
+        self.rx.complete(hv, t, span, dlen)
+        return t, span, pdo, dlen, has_dd
 
     def _handshake(self) -> None:
-        hv = self.hview
-        self._recv_exact(hv[:8])
-        t = self.hbuf[0]
-        if t == _T_H2CTERM:
+        dec = PduDecoder(receiver_is_host=False, max_plen=_IC_MAX_PLEN)
+        raw = bytearray()
+        req = None
+        while req is None:  # exactly the bytes of the one PDU: the rest stays in the read-ahead buffer
+            chunk = self.hview[:dec.needed]
+            self._recv_exact(chunk)
+            raw += chunk
+            dec.feed(chunk)
+            req = dec.next_pdu()
+        if isinstance(req, TermReq):  # the host gives up before it started
             raise ConnectionClosed
-        if t != _T_ICREQ:
-            raise PduError(FatalErrorStatus.PDU_SEQUENCE_ERROR, "first PDU must be ICReq", 0, bytes(hv[:8]))
-        ch = CommonHeader(*CH.unpack_from(self.hbuf))
-        check_common_header(ch, bytes(hv[:8]), False, False, False, 128)
-        self._recv_exact(hv[8:128])
-        hdr = decode_header(hv[:128], False)
-        req = hdr.pdu
-        raw = bytes(hv[:128])
-        if req.pfv != 0:
-            raise PduError(FatalErrorStatus.UNSUPPORTED_PARAMETER, f"PFV {req.pfv}", 8, raw)
-        if req.hpda > 31:
-            raise PduError(FatalErrorStatus.INVALID_HEADER_FIELD, f"HPDA {req.hpda}", 10, raw)
-        if self.settings.require_data_digest and not req.ddgst:
-            raise PduError(FatalErrorStatus.UNSUPPORTED_PARAMETER, "data digest required", 11, raw)
-        self._set_transport(req.hdgst, req.ddgst, req.hpda)
-        resp = ICResp(0, 0, self.hd, self.dd, self.settings.maxh2cdata)
+        accept_icreq(req, bytes(raw), self.settings.require_data_digest)
+        self._set_transport(QueueState.from_icreq(req, self.settings.maxh2cdata))
+        resp = ICResp(0, 0, req.hdgst, req.ddgst, self.settings.maxh2cdata)
         with self.send_lock:
             self.sock.sendall(encode_bytes(resp))
 
     # ------------------------------------------------------------------------------------------------
     # Main loop
 
-    def _set_transport(self, hd: bool, dd: bool, hpda: int) -> None:
+    def _set_transport(self, state: QueueState) -> None:
         """Digests and host PDU alignment as negotiated by ICReq/ICResp."""
-        self.hd, self.dd, self.hpda = hd, dd, hpda
-        self.fl_h = _HDGSTF if hd else 0
-        self.fl_hd = self.fl_h | (_DDGSTF if dd else 0)
-        pdo = 24 + (4 if hd else 0)
-        if hpda:
-            align = (hpda + 1) * 4
-            pdo = -(-pdo // align) * align
-        self.c2h_pdo = pdo
-        self.c2h = bytearray(pdo)
-        self.hview_c2h = memoryview(self.c2h)[:24]
+        self.state = state
+        self.packer = PduPacker(state.hdgst, state.ddgst, state.pda)
+        self.rx = HeaderCheck(receiver_is_host=False, hdgst=state.hdgst, ddgst=state.ddgst, max_plen=_IC_MAX_PLEN,
+                              limits=self.plen_limits)
 
     def handoff_state(self) -> dict:
         """What a worker process needs to go on serving this connected I/O queue (see :meth:`adopt`)."""
-        return {"hd": self.hd, "dd": self.dd, "hpda": self.hpda, "qid": self.qid, "sqsize": self.sqsize,
-                "sqhd": self.sqhd, "sqflow": self.sqflow, "peer": list(self.peer[:2]),
+        st = self.state
+        return {"hd": st.hdgst, "dd": st.ddgst, "hpda": st.pda, "maxh2cdata": st.maxh2cdata, "qid": self.qid,
+                "sqsize": st.sqsize, "sqhd": st.sqhd, "sqflow": st.sqflow, "peer": list(self.peer[:2]),
                 "readahead": bytes(self.rview[self.rpos:self.rend])}
 
     def adopt(self, state: dict, ctrl: Controller) -> None:
         """Take over a connection another process connected (its :meth:`handoff_state`)."""
-        self._set_transport(state["hd"], state["dd"], state["hpda"])
-        self.qid, self.sqsize, self.sqhd, self.sqflow = state["qid"], state["sqsize"], state["sqhd"], state["sqflow"]
+        self._set_transport(QueueState(state["hd"], state["dd"], state["hpda"], state["maxh2cdata"], state["sqsize"],
+                                       state["sqhd"], state["sqflow"]))
+        self.qid = state["qid"]
         self.ctrl = ctrl
         ahead = state["readahead"]
         self.rview[:len(ahead)] = ahead
@@ -426,9 +333,7 @@ class Connection:
                 self._on_capsule(span, pdo, dlen, has_dd)
             elif t == _T_H2C:
                 self._on_h2c(span, pdo, dlen, has_dd)
-            elif t == _T_ICREQ:
-                raise PduError(FatalErrorStatus.PDU_SEQUENCE_ERROR, "second ICReq", 0, bytes(self.hbuf[:8]))
-            else:  # H2CTermReq: the host gives up on this connection
+            else:  # H2CTermReq (a second ICReq is the codec's sequence error): the host gives up
                 raise ConnectionClosed
 
     def _on_capsule(self, span: int, pdo: int, icl: int, has_dd: bool) -> None:
@@ -454,7 +359,7 @@ class Connection:
                 stage = memoryview(bytearray(icl)) if not status else dest[:icl]
                 self._recv_exact(stage)
                 self._recv_exact(self.hview[256:260])
-                if _U32.unpack_from(self.hbuf, 256)[0] != crc32c(stage):
+                if read_digest(self.hbuf, 256) != crc32c(stage):
                     status = status or C.SC_TRANSIENT
                 elif not status:
                     dest[:icl] = stage
@@ -527,24 +432,24 @@ class Connection:
         if not self.free_ttags:
             # A host never has more than SQSIZE commands outstanding; the bound also keeps a hostile peer
             # from pinning memory with transfers it never sends (and keeps TTAGs within 16 bits).
-            if len(self.pending) >= min(max(self.sqsize, 1), self.settings.queue_depth, 0xFFFF):
+            if len(self.pending) >= min(max(self.state.sqsize, 1), self.settings.queue_depth, 0xFFFF):
                 self._complete(sqe, (C.SC_INTERNAL, 0, 0, None), t0, self.qid > 0)
                 return
             self.free_ttags.append(len(self.pending))
         ttag = self.free_ttags.pop()
-        x = _Xfer(sqe, dest, handler, t0, staged=self.dd)
+        x = _Xfer(sqe, dest, handler, t0, staged=self.state.ddgst)
         self.pending[ttag] = x
         self._send_r2t(ttag, x)
 
     def _send_r2t(self, ttag: int, x: _Xfer) -> None:
         n = min(x.total - x.received, self.settings.maxh2cdata)
         x.r2t_end = x.received + n
-        bufs = encode(R2T(x.cid, ttag, x.received, n), hdgst=self.hd)
+        pdu = self.packer.r2t(x.cid, ttag, x.received, n)
         with self.send_lock:
-            self.sock.sendall(bufs[0])
+            self.sock.sendall(pdu)
 
     def _on_h2c(self, span: int, pdo: int, datal: int, has_dd: bool) -> None:
-        cccid, ttag, datao, _ = _DATA_HDR.unpack_from(self.hbuf, 8)
+        cccid, ttag, datao, _ = DATA_FIELDS.unpack_from(self.hbuf, 0)
         x = self.pending.get(ttag)
         if x is None or x.cid != cccid or datal > self.settings.maxh2cdata or datao != x.received:
             raw = bytes(self.hbuf[:24])
@@ -564,7 +469,7 @@ class Connection:
         self._recv_exact(dst)
         if has_dd:
             self._recv_exact(self.hview[256:260])
-            if _U32.unpack_from(self.hbuf, 256)[0] != crc32c(dst):
+            if read_digest(self.hbuf, 256) != crc32c(dst):
                 x.bad_digest = True
         x.received = end
         if end < x.r2t_end:
@@ -668,10 +573,9 @@ class Connection:
             self.handoff = not discovery and t.serves_io_elsewhere()
         self.ctrl = ctrl
         self.qid = qid
-        self.sqsize = sqsize
-        self.sqflow = not cattr & CATTR_DISABLE_SQ_FLOW_CONTROL
+        self.state.connected(sqsize, cattr)
         ctrl.touch()
-        if not self.sqflow:
+        if not self.state.sqflow:
             with self.send_lock:
                 self.sock.sendall(self._resp(sqe.cid, 0, ctrl.cntlid, 0, sqhd=0xFFFF))
             return None  # type: ignore[return-value]
@@ -870,14 +774,14 @@ class Connection:
             return C.SC_INVALID_NS, _DIR_NONE, None, self._h_none
         opc = sqe.opcode
         if opc in (_READ, _WRITE):
-            nlb = (sqe.cdw12 & 0xFFFF) + 1
+            nlb = sqe.nlb
             length = nlb << ns.lba_shift
             direction = _DIR_IN if opc == _READ else _DIR_OUT
             if sqe.sgl_len != length:
                 return C.SC_SGL_INVALID_DATA, direction, None, self._h_none
             if length > self.mdts:
                 return C.SC_INVALID_FIELD, direction, None, self._h_none
-            slba = sqe.cdw10 | (sqe.cdw11 << 32)
+            slba = sqe.slba
             if slba + nlb > ns.nsze:
                 return C.SC_LBA_RANGE, direction, None, self._h_none
             if opc == _WRITE and self.faults.device_full:
@@ -887,8 +791,7 @@ class Connection:
         if opc == IoOpcode.FLUSH:
             return self._expect(sqe, 0, _DIR_NONE, self._h_flush)
         if opc == IoOpcode.WRITE_ZEROES:
-            nlb = (sqe.cdw12 & 0xFFFF) + 1
-            slba = sqe.cdw10 | (sqe.cdw11 << 32)
+            nlb, slba = sqe.nlb, sqe.slba
             if sqe.sgl_len:
                 return C.SC_SGL_INVALID_DATA, _DIR_NONE, None, self._h_none
             if slba + nlb > ns.nsze:
@@ -906,7 +809,7 @@ class Connection:
     def _h_write_done(self, sqe: Sqe, data: memoryview | None) -> C.Result:
         c = self.counters
         c.writes += 1
-        c.bytes_written += (sqe.cdw12 & 0xFFFF) + 1 << self.ns.lba_shift  # type: ignore[union-attr]
+        c.bytes_written += sqe.nlb << self.ns.lba_shift  # type: ignore[union-attr]
         return C.OK
 
     def _h_flush(self, sqe: Sqe, data: memoryview | None) -> C.Result:
@@ -916,9 +819,7 @@ class Connection:
     def _h_write_zeroes(self, sqe: Sqe, data: memoryview | None) -> C.Result:
         ns = self.ns
         assert ns is not None
-        nlb = (sqe.cdw12 & 0xFFFF) + 1
-        slba = sqe.cdw10 | (sqe.cdw11 << 32)
-        ns.zero(slba << ns.lba_shift, nlb << ns.lba_shift)
+        ns.zero(sqe.slba << ns.lba_shift, sqe.nlb << ns.lba_shift)
         self.counters.writes += 1
         return C.OK
 
@@ -927,7 +828,7 @@ class Connection:
         assert ns is not None and data is not None
         if not sqe.cdw11 & DSM_ATTR_DEALLOCATE:
             return C.OK  # IDR/IDW hints only: no-op (nvmet)
-        ranges = [(slba, nlb) for _, nlb, slba in DSM_RANGE.iter_unpack(bytes(data[:len(data) // 16 * 16]))]
+        ranges = decode_dsm_ranges(data[:len(data) // 16 * 16])
         for slba, nlb in ranges:
             if slba + nlb > ns.nsze:
                 return C._err(C.SC_LBA_RANGE)

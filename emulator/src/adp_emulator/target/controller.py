@@ -12,7 +12,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from adp_connector.nvmeof.wire.constants import (
+from adp_wire.constants import (
     ADRFAM_IPV4,
     ADRFAM_IPV6,
     CC_EN,
@@ -25,8 +25,8 @@ from adp_connector.nvmeof.wire.constants import (
     DISCOVERY_NQN,
     NidType,
 )
-from adp_connector.nvmeof.wire.status import Status
-from adp_connector.nvmeof.wire.structs import (
+from adp_wire.status import Status
+from adp_wire.structs import (
     DiscoveryEntry,
     ErrorLogEntry,
     IdentifyController,
