@@ -246,3 +246,13 @@ def test_rw_capsule_fields_match_the_sqe_views() -> None:
     sqe = Sqe.decode(raw, 8)
     assert (sqe.cid, sqe.slba, sqe.nlb, sqe.sgl_len) == (5, (1 << 40) + 3, 65536, 65536 << 12)
     assert struct.unpack_from("<B", raw, 8 + 39)[0] == 0x5A  # transport SGL data block
+
+
+def test_small_log_and_identify_structures() -> None:
+    from adp_wire.structs import decode_supported_logs, encode_independent_ns, encode_supported_logs
+
+    page = encode_supported_logs([0x70, 0x02])
+    assert len(page) == 1024 and decode_supported_logs(page) == [0x02, 0x70]
+    assert page[0x70 * 4:0x70 * 4 + 4] == b"\1\0\0\0" and page[:4] == bytes(4)
+    ns = encode_independent_ns(nmic=1, nstat=1)
+    assert len(ns) == 4096 and (ns[1], ns[14]) == (1, 1) and ns.count(0) == 4094

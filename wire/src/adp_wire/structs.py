@@ -228,6 +228,15 @@ def decode_ns_list(data: bytes | memoryview) -> list[int]:
     return out
 
 
+def encode_independent_ns(nmic: int = 0, nstat: int = 0) -> bytes:
+    """I/O command set independent Identify Namespace (CNS 8): NMIC (byte 1) and NSTAT (byte 14) set,
+    everything else zero."""
+    buf = bytearray(IDENTIFY_SIZE)
+    buf[1] = nmic
+    buf[14] = nstat
+    return bytes(buf)
+
+
 def encode_ns_descriptors(descs: list[tuple[int, bytes]]) -> bytes:
     """Namespace identification descriptor list (CNS 3) from (NIDT, NID) pairs."""
     buf = bytearray()
@@ -248,6 +257,23 @@ def decode_ns_descriptors(data: bytes | memoryview) -> list[tuple[int, bytes]]:
         out.append((nidt, data[off + 4 : off + 4 + nidl]))
         off += 4 + nidl
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Supported Log Pages (LID 0x00): 256 u32 entries, bit 0 (LSUPP) set for each supported LID
+
+SUPPORTED_LOGS_SIZE = 1024
+
+
+def encode_supported_logs(lids: list[int]) -> bytes:
+    buf = bytearray(SUPPORTED_LOGS_SIZE)
+    for lid in lids:
+        struct.pack_into("<I", buf, (lid & 0xFF) * 4, 1)
+    return bytes(buf)
+
+
+def decode_supported_logs(data: bytes | memoryview) -> list[int]:
+    return [i for i, (v,) in enumerate(struct.iter_unpack("<I", bytes(data[:SUPPORTED_LOGS_SIZE]))) if v & 1]
 
 
 # ----------------------------------------------------------------------------------------------------
