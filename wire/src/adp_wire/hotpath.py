@@ -39,6 +39,8 @@ _RESP = struct.Struct("<BBBBIIIHHHH")  # common header + CQE (24 bytes)
 _DATA = struct.Struct("<BBBBIHHII4x")  # common header + cccid, ttag, datao/r2to, datal/r2tl (24 bytes)
 CQE_FIELDS = struct.Struct("<8xIIHHHH")  # dw0, dw1, sqhd, sqid, cid, status of a CapsuleResp
 DATA_FIELDS = struct.Struct("<8xHHII")  # cccid, ttag, datao, datal of H2CData/C2HData (r2to, r2tl of R2T)
+_CH_UNPACK = CH.unpack_from
+_U32_AT16 = struct.Struct("<I").unpack_from  # DATAL of H2CData/C2HData (offset 16)
 
 _HDGSTF, _DDGSTF = int(PduFlags.HDGSTF), int(PduFlags.DDGSTF)
 _LAST, _SUCCESS = int(PduFlags.DATA_LAST), int(PduFlags.DATA_SUCCESS)
@@ -149,7 +151,7 @@ class HeaderCheck:
     those :func:`check_common_header` / :func:`decode_header` raise.
     """
 
-    __slots__ = ("_fast", "_limits", "ddgst", "hdgst", "max_plen", "receiver_is_host")
+    __slots__ = ("_fast", "_h", "_limits", "ddgst", "hdgst", "max_plen", "receiver_is_host")
 
     def __init__(self, receiver_is_host: bool, hdgst: bool = False, ddgst: bool = False, max_plen: int = 1 << 30,
                  limits: dict[int, int] | None = None) -> None:
@@ -157,19 +159,21 @@ class HeaderCheck:
         self.hdgst, self.ddgst = hdgst, ddgst
         self.max_plen = max_plen
         self._limits = {int(t): v for t, v in (limits or {}).items()}
-        h = DIGEST_SIZE if hdgst else 0
+        h = self._h = DIGEST_SIZE if hdgst else 0
+        d = DIGEST_SIZE if ddgst else 0
         fl_h = _HDGSTF if hdgst else 0
         fl_hd = fl_h | (_DDGSTF if ddgst else 0)
-        # type -> (HLEN, header digest size, flags without data, flags with data, data-PDU extra flags or -1 when
-        #          the PDU never carries data, may omit data, PLEN bound)
-        self._fast: dict[int, tuple[int, int, int, int, int, bool, int]] = {}
+        # Indexed by PDU type: None, or (HLEN, header span, flags without data, flags with data, data-PDU extra
+        # flags or -1 when the PDU never carries data, may omit data, PLEN bound, data digest size, has it).
+        self._fast: list[tuple[int, int, int, int, int, bool, int, int, bool] | None] = [None] * 256
         allowed = CONTROLLER_TO_HOST if receiver_is_host else HOST_TO_CONTROLLER
         for t in allowed:
             t = int(t)
             if t in _IC or t in _TERM:
                 continue
             extra = {_CMD: 0, _H2C: _LAST, _C2H: _LAST | _SUCCESS}.get(t, -1)
-            self._fast[t] = (HLEN[t], h, fl_h, fl_hd, extra, t not in (_H2C, _C2H), self._limit(t))
+            self._fast[t] = (HLEN[t], HLEN[t] + h, fl_h, fl_hd, extra, t not in (_H2C, _C2H), self._limit(t), d,
+                             bool(d))
 
     def _limit(self, t: int) -> int:
         return self._limits.get(t, self.max_plen)
@@ -179,16 +183,15 @@ class HeaderCheck:
 
         The header span counts HLEN plus the header digest; PDO is 0 for a PDU without data.
         """
-        t, flags, hlen, pdo, plen = CH.unpack_from(buf, 0)
-        f = self._fast.get(t)
+        t, flags, hlen, pdo, plen = _CH_UNPACK(buf, 0)
+        f = self._fast[t]
         if f is not None and hlen == f[0]:
-            span = hlen + f[1]
-            if flags == f[2] and pdo == 0 and plen == span and f[5]:
+            span = f[1]
+            if plen == span and flags == f[2] and not pdo and f[5]:
                 return t, span, 0, 0, False
             extra = f[4]
-            d = DIGEST_SIZE if self.ddgst else 0
-            if extra >= 0 and flags & ~extra == f[3] and pdo >= span and not pdo & 3 and pdo + d < plen <= f[6]:
-                return t, span, pdo, plen - pdo - d, bool(d)
+            if extra >= 0 and flags & ~extra == f[3] and pdo >= span and not pdo & 3 and pdo + f[7] < plen <= f[6]:
+                return t, span, pdo, plen - pdo - f[7], f[8]
         return self._common_slow(buf, t, flags, hlen, pdo, plen)
 
     def _common_slow(self, buf: Data, t: int, flags: int, hlen: int, pdo: int, plen: int) -> tuple:
@@ -208,9 +211,9 @@ class HeaderCheck:
 
     def complete(self, buf: Data, t: int, span: int, dlen: int) -> None:
         """Check the complete header ``buf[:span]`` (:meth:`common`'s results): header digest, DATAL."""
-        hlen = span - DIGEST_SIZE if self.hdgst and t not in _TERM else span
-        if (span == hlen or crc32c(buf[:hlen]) == read_digest(buf, hlen)) and (
-                (t != _H2C and t != _C2H) or DATA_FIELDS.unpack_from(buf, 0)[3] == dlen):
+        h = self._h
+        if (not h or t in _TERM or crc32c(buf[:span - h]) == read_digest(buf, span - h)) and (
+                (t != _H2C and t != _C2H) or _U32_AT16(buf, 16)[0] == dlen):
             return
         decode_header(buf[:span], self.receiver_is_host, self.hdgst, self.ddgst, self._limit(t))  # raises
         raise AssertionError("decode_header accepted a header the fast check refused")  # pragma: no cover
