@@ -321,7 +321,7 @@ class Connection:
             bad = bytearray(data)
             bad[0] ^= 0xFF
             bufs[1] = bad
-        total = sum(len(b) for b in bufs)
+        total = len(bufs[0]) + len(data) + (4 if self.state.ddgst else 0)
         with self.send_lock:
             if not use_success:
                 r = self._resp(cid, 0, dw0, 0)
