@@ -29,7 +29,7 @@ from adp_connector.nvmeof.host import (
     NvmeTransportError,
     discover,
 )
-from adp_connector.nvmeof.wire.constants import LogPage
+from adp_wire.constants import LogPage
 
 emulator = pytest.importorskip("adp_emulator.target", reason="the userspace target package is not installed")
 TargetSettings, UserspaceTarget = emulator.TargetSettings, emulator.UserspaceTarget

@@ -16,7 +16,7 @@ import pytest
 
 from adp_connector.nvmeof.host import Controller, HostConfig, NvmeProtocolError, NvmeTransportError
 from adp_connector.nvmeof.host.queue import QueuePair, QueueParams
-from adp_connector.nvmeof.wire import (
+from adp_wire import (
     CapsuleResp,
     FatalErrorStatus,
     ICResp,
@@ -24,7 +24,7 @@ from adp_connector.nvmeof.wire import (
     TermReq,
     encode_bytes,
 )
-from adp_connector.nvmeof.wire.sqe import Cqe, Sqe, keep_alive_cmd
+from adp_wire.sqe import Cqe, Sqe, keep_alive_cmd
 
 
 def scripted_peer(script: Callable[[socket.socket, PduDecoder], None]) -> tuple[int, threading.Thread]:

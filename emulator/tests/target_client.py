@@ -11,7 +11,8 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from adp_connector.nvmeof.wire import (
+from adp_emulator.target import TargetSettings, UserspaceTarget
+from adp_wire import (
     C2HData,
     CapsuleCmd,
     CapsuleResp,
@@ -25,12 +26,11 @@ from adp_connector.nvmeof.wire import (
     encode,
     encode_bytes,
 )
-from adp_connector.nvmeof.wire.constants import CC_EN, DISCOVERY_NQN, Property, SglId
-from adp_connector.nvmeof.wire.pdu import R2T
-from adp_connector.nvmeof.wire.sqe import connect_cmd, property_get_cmd, property_set_cmd
-from adp_connector.nvmeof.wire.status import Status
-from adp_connector.nvmeof.wire.structs import ConnectData
-from adp_emulator.target import TargetSettings, UserspaceTarget
+from adp_wire.constants import CC_EN, DISCOVERY_NQN, Property, SglId
+from adp_wire.pdu import R2T
+from adp_wire.sqe import connect_cmd, property_get_cmd, property_set_cmd
+from adp_wire.status import Status
+from adp_wire.structs import ConnectData
 
 HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
 HOSTID = bytes(range(16))

@@ -23,8 +23,8 @@ from target_client import (
     w,
 )
 
-from adp_connector.nvmeof.wire.constants import DISCOVERY_NQN, Property
-from adp_connector.nvmeof.wire.sqe import (
+from adp_wire.constants import DISCOVERY_NQN, Property
+from adp_wire.sqe import (
     Sqe,
     abort_cmd,
     async_event_request_cmd,
@@ -36,7 +36,7 @@ from adp_connector.nvmeof.wire.sqe import (
     property_set_cmd,
     set_features_cmd,
 )
-from adp_connector.nvmeof.wire.structs import (
+from adp_wire.structs import (
     ErrorLogEntry,
     IdentifyController,
     IdentifyNamespace,
@@ -105,8 +105,8 @@ def test_connect_errors(tgt) -> None:
 def test_connect_bad_recfmt_and_sgl(tgt) -> None:
     from target_client import HOSTID
 
-    from adp_connector.nvmeof.wire.sqe import connect_cmd
-    from adp_connector.nvmeof.wire.structs import ConnectData
+    from adp_wire.sqe import connect_cmd
+    from adp_wire.structs import ConnectData
 
     with _raw(tgt) as q:
         sqe = connect_cmd(0, 32)

@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from target_client import RawQueue, open_admin, open_io, running_target, w
 
-from adp_connector.nvmeof.wire.constants import IoOpcode
-from adp_connector.nvmeof.wire.sqe import (
+from adp_wire.constants import IoOpcode
+from adp_wire.sqe import (
     Sqe,
     dsm_cmd,
     dsm_ranges,
@@ -150,7 +150,7 @@ def test_digests(tgt, hd, dd) -> None:
 
 
 def test_bad_data_digest_fails_command_only(tgt) -> None:
-    from adp_connector.nvmeof.wire import CapsuleCmd, encode
+    from adp_wire import CapsuleCmd, encode
 
     a = open_admin(tgt.address, ddgst=True)
     io = open_io(tgt.address, a.cntlid, ddgst=True)

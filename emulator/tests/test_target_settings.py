@@ -13,9 +13,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from target_client import open_admin, open_io
 
-from adp_connector.nvmeof.wire.constants import IoOpcode
-from adp_connector.nvmeof.wire.sqe import rw_cmd
 from adp_emulator.target import TargetSettings, UserspaceTarget, parse_size, settings_from_config
+from adp_wire.constants import IoOpcode
+from adp_wire.sqe import rw_cmd
 
 
 @pytest.mark.parametrize("field,value", [

@@ -12,10 +12,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from target_client import RawQueue, open_admin, open_io, running_target
 
-from adp_connector.nvmeof.wire import CapsuleCmd, H2CData, ICReq, encode_bytes
-from adp_connector.nvmeof.wire.constants import FatalErrorStatus as F
-from adp_connector.nvmeof.wire.constants import IoOpcode
-from adp_connector.nvmeof.wire.sqe import keep_alive_cmd, rw_cmd
+from adp_wire import CapsuleCmd, H2CData, ICReq, encode_bytes
+from adp_wire.constants import FatalErrorStatus as F
+from adp_wire.constants import IoOpcode
+from adp_wire.sqe import keep_alive_cmd, rw_cmd
 
 
 @pytest.fixture(scope="module")

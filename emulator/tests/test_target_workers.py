@@ -18,10 +18,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from target_client import open_admin, open_io, running_target, w
 
-from adp_connector.nvmeof.wire.constants import IoOpcode, Property
-from adp_connector.nvmeof.wire.sqe import get_log_page_cmd, property_set_cmd, rw_cmd
-from adp_connector.nvmeof.wire.structs import ErrorLogEntry
 from adp_emulator.target import TargetSettings
+from adp_wire.constants import IoOpcode, Property
+from adp_wire.sqe import get_log_page_cmd, property_set_cmd, rw_cmd
+from adp_wire.structs import ErrorLogEntry
 
 R, W = IoOpcode.READ, IoOpcode.WRITE
 

@@ -12,7 +12,7 @@ tp=${TP:-8}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 ngpu=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
 dry=${DRY_RUN:-$([ "$ngpu" -ge "$tp" ] && echo 0 || echo 1)}
-export PYTHONPATH="${PYTHONPATH:-}:$root/connector/src:$root/emulator/src:$root/testbed/src" PYTHONHASHSEED=0
+export PYTHONPATH="${PYTHONPATH:-}:$root/wire/src:$root/connector/src:$root/emulator/src:$root/testbed/src" PYTHONHASHSEED=0
 mkdir -p "$out"
 echo "release8: $ngpu GPU(s) here, TP=$tp, $([ "$dry" = 1 ] && echo "DRY RUN" || echo "running")"
 run() { echo "+ $*"; if [ "$dry" = 0 ]; then "$@"; fi; }

@@ -30,7 +30,7 @@ di=/tmp/site-adp/adp_kv_connector-0.1.0.dist-info
 mkdir -p "$di"
 printf 'Metadata-Version: 2.1\nName: adp-kv-connector\nVersion: 0.1.0\n' > "$di/METADATA"
 printf '[vllm.general_plugins]\nadp_kv_connector = adp_connector.vllm:register\n' > "$di/entry_points.txt"
-export PYTHONPATH="/tmp/site-adp:${PYTHONPATH:-}:$root/connector/src:$root/emulator/src:$root/testbed/src"
+export PYTHONPATH="/tmp/site-adp:${PYTHONPATH:-}:$root/wire/src:$root/connector/src:$root/emulator/src:$root/testbed/src"
 export PYTHONHASHSEED=0 ADP_KV_CACHE=/tmp/adp-kv-cache PATH="/tmp/site-adp/bin:$PATH"
 case "$what" in
   gpu-unit)  # only the connector's GPU data-path tests (a subset of correctness)

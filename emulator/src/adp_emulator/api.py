@@ -616,7 +616,7 @@ def create_app(backend: MgmtBackend, token: str | None = None, *, protect_reads:
     @post("/faults/fail-next", tags=["faults"])
     def fail_next(body: FailNextRequest) -> dict[str, Any]:
         """Complete the next ``count`` I/O commands with ``status``."""
-        from adp_connector.nvmeof.wire.status import status_names
+        from adp_wire.status import status_names
 
         if body.status not in status_names():
             raise HTTPException(400, f"unknown status {body.status!r}; one of {', '.join(status_names())}")

@@ -1,50 +1,69 @@
-"""A hand-built NVMe/TCP ICReq/ICResp exchange used as the readiness check.
+"""The NVMe/TCP ICReq/ICResp exchange used as the readiness check of a target (the kernel one in QEMU).
 
-Layout (notes/nvme-tcp.md §1.1, §1.5; include/linux/nvme-tcp.h): common header = type (0x00 ICReq,
-0x01 ICResp), flags, HLEN, PDO, PLEN (u32 LE); then PFV (u16), HPDA/CPDA (u8), DGST (u8), and for
-ICReq MAXR2T / for ICResp MAXH2CDATA (u32); both PDUs are 128 bytes.
+Every byte goes through the shared codec (:mod:`adp_wire`): the ICReq is encoded by it and the
+answer is parsed by its :class:`~adp_wire.stream.PduDecoder`, which also checks that the first PDU a
+host receives is an ICResp (or a C2HTermReq). Both IC PDUs are 128 bytes (NVMe/TCP transport spec,
+include/linux/nvme-tcp.h).
 """
 
 from __future__ import annotations
 
 import socket
-import struct
 import time
 
-ICREQ_LEN = 128
+from adp_wire.pdu import HLEN, ICReq, ICResp, PduError, TermReq, decode_header, encode_bytes
+from adp_wire.stream import PduDecoder
+
+ICREQ_LEN = HLEN[ICReq.type]
+_IC_MAX_PLEN = 24 + 128  # an ICResp, or a C2HTermReq with its data
 
 
 def build_icreq(hdgst: bool = False, ddgst: bool = False) -> bytes:
     """A 128-byte ICReq: PFV 0, HPDA 0, MAXR2T 0, digests as requested."""
-    hdr = struct.pack("<BBBBI", 0x00, 0, ICREQ_LEN, 0, ICREQ_LEN)
-    body = struct.pack("<HBBI", 0, 0, (1 if hdgst else 0) | (2 if ddgst else 0), 0)
-    return hdr + body + bytes(ICREQ_LEN - len(hdr) - len(body))
+    return encode_bytes(ICReq(hdgst=hdgst, ddgst=ddgst))
+
+
+def _fields(resp: ICResp, flags: int, pdo: int) -> dict[str, int]:
+    return {"pfv": resp.pfv, "cpda": resp.cpda, "hdgst": int(resp.hdgst), "ddgst": int(resp.ddgst),
+            "maxh2cdata": resp.maxh2cdata, "flags": flags, "pdo": pdo}
 
 
 def parse_icresp(data: bytes) -> dict[str, int]:
     """Decode an ICResp; ValueError if it is not one."""
     if len(data) != ICREQ_LEN:
         raise ValueError(f"ICResp must be {ICREQ_LEN} bytes, got {len(data)}")
-    ptype, flags, hlen, pdo, plen = struct.unpack_from("<BBBBI", data)
-    if ptype != 0x01 or hlen != ICREQ_LEN or plen != ICREQ_LEN:
-        raise ValueError(f"not an ICResp: type={ptype:#x} hlen={hlen} plen={plen}")
-    pfv, cpda, dgst, maxh2c = struct.unpack_from("<HBBI", data, 8)
-    return {"pfv": pfv, "cpda": cpda, "hdgst": dgst & 1, "ddgst": (dgst >> 1) & 1, "maxh2cdata": maxh2c,
-            "flags": flags, "pdo": pdo}
+    try:
+        hdr = decode_header(data, receiver_is_host=True)
+    except PduError as e:
+        raise ValueError(f"not an ICResp: {e}") from None
+    if not isinstance(hdr.pdu, ICResp):
+        raise ValueError(f"not an ICResp: {type(hdr.pdu).__name__}")
+    return _fields(hdr.pdu, hdr.ch.flags, hdr.ch.pdo)
 
 
 def icreq_exchange(host: str, port: int, timeout: float = 5.0) -> dict[str, int]:
-    """Connect, send an ICReq, read the 128-byte ICResp and close. Raises OSError/ValueError."""
+    """Connect, send an ICReq, read the ICResp and close. Raises OSError/ValueError."""
+    dec = PduDecoder(receiver_is_host=True, max_plen=_IC_MAX_PLEN)
     with socket.create_connection((host, port), timeout=timeout) as s:
         s.settimeout(timeout)
         s.sendall(build_icreq())
-        buf = b""
-        while len(buf) < ICREQ_LEN:
-            chunk = s.recv(ICREQ_LEN - len(buf))
+        got = 0
+        while True:
+            try:
+                pdu = dec.next_pdu()
+            except PduError as e:
+                raise ValueError(f"not an ICResp: {e}") from None
+            if pdu is not None:
+                break
+            chunk = s.recv(dec.needed)
             if not chunk:
-                raise ConnectionError(f"connection closed after {len(buf)} of {ICREQ_LEN} ICResp bytes")
-            buf += chunk
-    return parse_icresp(buf)
+                raise ConnectionError(f"connection closed after {got} of {ICREQ_LEN} ICResp bytes")
+            got += len(chunk)
+            dec.feed(chunk)
+    if isinstance(pdu, TermReq):
+        raise ValueError(f"not an ICResp: the target answered with C2HTermReq FES {pdu.fes:#x}")
+    assert isinstance(pdu, ICResp)  # the decoder's sequence rule
+    return _fields(pdu, 0, 0)  # the decoder accepted it: an ICResp's flags and PDO are 0
 
 
 def wait_icresp(host: str, port: int, timeout: float) -> dict[str, int]:

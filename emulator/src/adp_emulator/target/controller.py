@@ -1,18 +1,18 @@
-"""Controller state (one per association) and the admin / Fabrics command set.
+"""Controller state: one per association (registers, features, keep-alive, AERs, queues, error log).
 
-Behaviour mirrors Linux nvmet (drivers/nvme/target/{admin-cmd,fabrics-cmd,core,discovery}.c as
-summarised in notes/nvme-tcp.md §3-§4, §6) so differential tests against the kernel target agree.
+The commands that read and change it are in :mod:`.commands` (by command set). Behaviour mirrors
+Linux nvmet (drivers/nvme/target/core.c, admin-cmd.c, discovery.c) so differential tests against the
+kernel target agree.
 """
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from adp_connector.nvmeof.wire.constants import (
+from adp_wire.constants import (
     ADRFAM_IPV4,
     ADRFAM_IPV6,
     CC_EN,
@@ -23,18 +23,15 @@ from adp_connector.nvmeof.wire.constants import (
     CSTS_RDY,
     CSTS_SHST_COMPLETE,
     DISCOVERY_NQN,
-    NidType,
 )
-from adp_connector.nvmeof.wire.status import Status
-from adp_connector.nvmeof.wire.structs import (
+from adp_wire.status import Status
+from adp_wire.structs import (
     DiscoveryEntry,
     ErrorLogEntry,
     IdentifyController,
-    IdentifyNamespace,
-    LbaFormat,
     SmartLog,
     encode_discovery_log,
-    encode_ns_descriptors,
+    encode_ns_list,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,37 +39,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .server import UserspaceTarget
 
 
-def _w(name: str) -> int:
-    return Status.named(name).word
-
-
-SC_INVALID_OPCODE = _w("INVALID_OPCODE")
-SC_INVALID_FIELD = _w("INVALID_FIELD")
-SC_INTERNAL = _w("INTERNAL_ERROR")
-SC_INVALID_NS = _w("INVALID_NAMESPACE")
-SC_CMD_SEQ = _w("COMMAND_SEQUENCE_ERROR")
-SC_SGL_INVALID_DATA = _w("SGL_DATA_BLOCK_INVALID")
-SC_SGL_INVALID_OFFSET = _w("SGL_OFFSET_INVALID")
-SC_SGL_INVALID_TYPE = _w("SGL_DESCRIPTOR_TYPE_INVALID")
-SC_KA_INVALID = _w("KEEP_ALIVE_TIMER_INVALID")
-SC_LBA_RANGE = _w("LBA_OUT_OF_RANGE")
-SC_CAP_EXCEEDED = _w("CAPACITY_EXCEEDED")
-SC_TRANSIENT = _w("TRANSIENT_TRANSPORT_ERROR")
-SC_AER_LIMIT = _w("ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED")
-SC_CONNECT_FORMAT = _w("CONNECT_INCOMPATIBLE_FORMAT")
-SC_CONNECT_BUSY = _w("CONNECT_CONTROLLER_BUSY")
-SC_CONNECT_INVALID_PARAM = _w("CONNECT_INVALID_PARAMETERS")
-SC_CONNECT_INVALID_HOST = _w("CONNECT_INVALID_HOST")
-
-# Connect Invalid Parameters DW0: IPO = byte offset, bit 16 IATTR = offset is into the data (nvmet.h).
-IATTR_DATA = 1 << 16
-CONNECT_OFF_CNTLID, CONNECT_OFF_SUBNQN, CONNECT_OFF_HOSTNQN = 16, 256, 512
-SQE_OFF_RECFMT, SQE_OFF_QID, SQE_OFF_SQSIZE = 40, 42, 44
+SC_INTERNAL = Status.named("INTERNAL_ERROR").word  # what parked AERs complete with on teardown
 
 # Register values (nvmet_init_cap): CSS NVM (bit 37) + "I/O command sets" (bit 43), TO 15 (7.5 s).
 CAP_BASE = (1 << 37) | (1 << 43) | (15 << 24)
 VS_VALUE = 0x020100  # NVMe 2.1.0, as recent nvmet reports
-DISC_KATO_MS = 120_000  # NVMET_DISC_KATO_MS
 AERL = 3  # 4 outstanding AERs, 0's based
 ERROR_LOG_SLOTS = 64
 OAES_NS_ATTR = 1 << 8
@@ -80,14 +51,6 @@ OAES_DISC_CHANGE = 1 << 31
 CTRATT = 0x1 | 0x40  # 128-bit host id, traffic-based keep-alive (nvmet)
 ONCS = 0x04 | 0x08  # Dataset Management, Write Zeroes
 CMIC = 0x02  # more than one controller may exist (new association while an old one tears down)
-
-Result = tuple[int, int, int, bytes | None]  # status word, DW0, DW1, data for the host
-OK: Result = (0, 0, 0, None)
-
-
-def _err(word: int, dw0: int = 0) -> Result:
-    return (word, dw0, 0, None)
-
 
 class Controller:
     """State of one association: registers, features, keep-alive, AERs, queues, error log."""
@@ -148,10 +111,10 @@ class Controller:
     def changed_ns_log(self, retain: bool) -> bytes:
         """LID 0x04: up to 1024 changed NSIDs, zero padded; reading clears it unless RAE is set."""
         with self.lock:
-            ids = sorted(self.changed_ns)
+            ids = list(self.changed_ns)
             if not retain:
                 self.changed_ns.clear()
-        return struct.pack(f"<{len(ids)}I", *ids) + bytes(4096 - 4 * len(ids))
+        return encode_ns_list(ids)  # the same layout as the active namespace list
 
     def fail_aers(self, status: int = SC_INTERNAL) -> None:
         """Fail every parked AER (nvmet does this on controller teardown)."""
@@ -232,45 +195,6 @@ class Controller:
                 portid=1, asqsz=32,
             ))
         return encode_discovery_log(1, entries)
-
-
-# ------------------------------------------------------------------------------------------------------
-# Identify Namespace and friends
-
-
-def identify_namespace(target: UserspaceTarget, nsid: int) -> bytes | None:
-    ns = target.namespaces.get(nsid)
-    if ns is None:
-        return None
-    shift = ns.lba_shift
-    idn = IdentifyNamespace(nsze=ns.nsze, ncap=ns.nsze, nuse=ns.nsze, nmic=1, nguid=ns.nguid,
-                            dlfeat=0x01,  # deallocated blocks read as zeros
-                            lbaf=[LbaFormat(0, shift, 0)])
-    return idn.encode()
-
-
-def ns_descriptors(target: UserspaceTarget, nsid: int) -> bytes | None:
-    ns = target.namespaces.get(nsid)
-    if ns is None:
-        return None
-    return encode_ns_descriptors([(NidType.UUID, ns.uuid), (NidType.NGUID, ns.nguid), (NidType.CSI, b"\0")])
-
-
-# ------------------------------------------------------------------------------------------------------
-# Get Log Page helpers
-
-
-def slice_log(page: bytes, offset: int, length: int) -> bytes:
-    """``length`` bytes of ``page`` from ``offset``, zero padded past its end."""
-    part = page[offset:offset + length]
-    return part + bytes(length - len(part))
-
-
-def supported_logs(discovery: bool) -> bytes:
-    buf = bytearray(1024)
-    for lid in ((0x70,) if discovery else (0x00, 0x01, 0x02, 0x03, 0x04)):
-        struct.pack_into("<I", buf, lid * 4, 1)
-    return bytes(buf)
 
 
 def counters_snapshot(ctrl: Controller) -> dict[str, Any]:

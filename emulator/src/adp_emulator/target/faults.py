@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from adp_connector.nvmeof.wire.status import Status
+from adp_wire.status import Status
 
 
 class Faults:

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from adp_connector.nvmeof.wire.constants import CSTS_CFS
+from adp_wire.constants import CSTS_CFS
 
 from . import controller as C
 from .connection import Connection

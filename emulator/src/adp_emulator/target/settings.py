@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adp_connector.nvmeof.wire.constants import DISCOVERY_NQN
-from adp_connector.nvmeof.wire.structs import check_nqn
+from adp_wire.constants import DISCOVERY_NQN
+from adp_wire.structs import check_nqn
 
 if TYPE_CHECKING:  # pragma: no cover
     from adp_emulator.config import NvmetConfig

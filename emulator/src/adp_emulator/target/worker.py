@@ -71,7 +71,9 @@ class WorkerFaults:
 
 
 class WorkerTarget:
-    """What a :class:`Connection` needs of its target, inside a worker process."""
+    """What a :class:`Connection` needs of its target (:class:`~.connection.ConnectionTarget`), inside a
+    worker process. Workers serve only I/O queues that are already connected, so the association
+    methods (Connect, Property Set) are never reached here and refuse."""
 
     stopping = False
 
@@ -86,6 +88,18 @@ class WorkerTarget:
 
     def serves_io_elsewhere(self) -> bool:
         return False
+
+    def host_allowed(self, hostnqn: str) -> bool:
+        return False
+
+    def create_controller(self, hostnqn: str, hostid: bytes, discovery: bool, kato_ms: int) -> None:
+        return None
+
+    def find_controller(self, cntlid: int, discovery: bool, hostnqn: str) -> None:
+        return None
+
+    def controller_changed(self, ctrl: object) -> None:
+        pass
 
     def hand_off(self, conn: Connection) -> bool:
         return False

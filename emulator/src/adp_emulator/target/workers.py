@@ -30,8 +30,8 @@ import threading
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-import adp_connector
 import adp_emulator
+import adp_wire
 
 from .counters import IoCounters
 
@@ -131,7 +131,7 @@ class _Worker:
 def _child_env() -> dict[str, str]:
     """The worker imports this package and the wire codec from wherever this process found them."""
     env = dict(os.environ)
-    roots = [os.path.dirname(os.path.dirname(os.path.abspath(m.__file__ or ""))) for m in (adp_emulator, adp_connector)]
+    roots = [os.path.dirname(os.path.dirname(os.path.abspath(m.__file__ or ""))) for m in (adp_emulator, adp_wire)]
     old = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *([old] if old else [])]))
     return env

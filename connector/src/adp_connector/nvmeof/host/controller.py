@@ -20,9 +20,8 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ...device import Buffer, DeviceError, DeviceUnavailable, ScatterList, check_aligned
-from ..wire import sqe as S
-from ..wire.constants import (
+from adp_wire import sqe as S
+from adp_wire.constants import (
     CC_EN,
     CSTS_CFS,
     CSTS_RDY,
@@ -34,8 +33,8 @@ from ..wire.constants import (
     LogPage,
     Property,
 )
-from ..wire.sqe import Cqe, Sqe
-from ..wire.structs import (
+from adp_wire.sqe import Cqe, Sqe
+from adp_wire.structs import (
     DiscoveryEntry,
     IdentifyController,
     IdentifyNamespace,
@@ -45,6 +44,8 @@ from ..wire.structs import (
     decode_ns_list,
     default_host_nqn,
 )
+
+from ...device import Buffer, DeviceError, DeviceUnavailable, ScatterList, check_aligned
 from .errors import NvmeStatusError, NvmeTransportError
 from .queue import QueuePair, QueueParams
 from .transport import TcpTransport, Transport

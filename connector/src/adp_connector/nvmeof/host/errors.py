@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from adp_wire.status import Status
+
 from ...device import DeviceError, DeviceUnavailable
-from ..wire.status import Status
 
 
 class NvmeStatusError(DeviceError):

@@ -17,28 +17,29 @@ from __future__ import annotations
 
 import collections
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from adp_wire import pdu as P
+from adp_wire.constants import CATTR_DISABLE_SQ_FLOW_CONTROL, PduFlags, PduType, SglId
+from adp_wire.hotpath import CQE_FIELDS, DATA_FIELDS, HeaderCheck, PduPacker, payload_digest
+from adp_wire.negotiate import NegotiationError, QueueState, accept_icresp
+from adp_wire.sqe import Cqe, Sqe, connect_cmd
+from adp_wire.status import Status
+from adp_wire.stream import PduDecoder
+from adp_wire.structs import ConnectData
+
 from ...device import DeviceError, ScatterList
-from ..wire import pdu as P
-from ..wire.constants import CATTR_DISABLE_SQ_FLOW_CONTROL, PduFlags, PduType, SglId
-from ..wire.digest import crc32c, digest_bytes
-from ..wire.sqe import Cqe, Sqe, connect_cmd
-from ..wire.status import Status
-from ..wire.structs import ConnectData
 from .errors import NvmeConnectError, NvmeProtocolError, NvmeStatusError, NvmeTimeoutError, NvmeTransportError
 
-_H2C_HDR = struct.Struct("<BBBBIHHII4x")  # common header + H2CData specific header (24 bytes)
-_CAPSULE = struct.Struct("<BBBBIBBHIIIQQI3xBIIIIII")  # common header + SQE (72 bytes)
-_CH = struct.Struct("<BBBBI")
-_CQE_AT8 = struct.Struct("<8xIIHHHH")
-_DATA_AT8 = struct.Struct("<8xHHII")
 _ADMIN_IN_CAPSULE = 8192  # fabrics and admin commands may always carry this much in-capsule
+_LAST_SUCCESS = int(PduFlags.DATA_LAST | PduFlags.DATA_SUCCESS)
+_IC_MAX_PLEN = 24 + 128  # before the IC exchange: an ICResp (128) or a C2HTermReq with its data
+_T_RESP, _T_C2H, _T_R2T, _T_TERM = (int(PduType.CAPSULE_RESP), int(PduType.C2H_DATA), int(PduType.R2T),
+                                    int(PduType.C2H_TERM_REQ))
 
 
 @dataclass(slots=True)
@@ -105,13 +106,9 @@ def _send_all(sock: socket.socket, bufs: list) -> None:
         _consume(views, sock.sendmsg(views))
 
 
-def _digest_of(data: memoryview | ScatterList) -> int:
-    if type(data) is ScatterList:
-        value = 0
-        for v in data.views:
-            value = crc32c(v, value)
-        return value
-    return crc32c(data)
+def _payload(buf: memoryview | ScatterList) -> memoryview | list[memoryview]:
+    """``buf`` as the codec's packers take data: one buffer, or a scatter list's buffers in order."""
+    return buf.views if type(buf) is ScatterList else buf
 
 
 class QueuePair:
@@ -123,10 +120,9 @@ class QueuePair:
         self.qid = qid
         self.depth = depth
         self.params = params
-        self.hdgst = False
-        self.ddgst = False
-        self.cpda = 0
-        self.maxh2cdata = 0
+        self.state = QueueState()  # what the ICReq/ICResp exchange and Connect agreed
+        self.packer = PduPacker()
+        self.rx = HeaderCheck(receiver_is_host=True)
         self._on_failure = on_failure
         self._send_lock = threading.Lock()
         self._slots = threading.Semaphore(depth)
@@ -135,7 +131,7 @@ class QueuePair:
         self._lock = threading.Lock()
         self._closed = False
         self._failure: BaseException | None = None
-        self._r2t_jobs: collections.deque[tuple[_Request, P.R2T]] = collections.deque()
+        self._r2t_jobs: collections.deque[tuple[_Request, int, int, int, int]] = collections.deque()
         self._r2t_cv = threading.Condition()
         self._reader: threading.Thread | None = None
         self._sender: threading.Thread | None = None
@@ -145,31 +141,49 @@ class QueuePair:
     # ------------------------------------------------------------------------------------------------
     # Bring-up
 
+    @property
+    def hdgst(self) -> bool:
+        return self.state.hdgst
+
+    @property
+    def ddgst(self) -> bool:
+        return self.state.ddgst
+
+    @property
+    def cpda(self) -> int:
+        return self.state.pda
+
+    @property
+    def maxh2cdata(self) -> int:
+        return self.state.maxh2cdata
+
     def initialize(self) -> None:
         """ICReq/ICResp exchange (synchronously, before any thread starts)."""
-        self.sock.settimeout(self.params.connect_timeout)
+        p = self.params
+        self.sock.settimeout(p.connect_timeout)
+        dec = PduDecoder(receiver_is_host=True, max_plen=_IC_MAX_PLEN)
         try:
-            _send_all(self.sock, P.encode(P.ICReq(hdgst=self.params.hdgst, ddgst=self.params.ddgst)))
-            raw = bytearray(128)
-            _recv_exact(self.sock, memoryview(raw))
+            _send_all(self.sock, P.encode(P.ICReq(hdgst=p.hdgst, ddgst=p.ddgst)))
+            resp = None
+            while resp is None:  # exactly the bytes of the one PDU, so nothing after it is read here
+                chunk = bytearray(dec.needed)
+                _recv_exact(self.sock, memoryview(chunk))
+                dec.feed(chunk)
+                resp = dec.next_pdu()
         except OSError as e:
             raise NvmeTransportError(f"ICReq/ICResp exchange failed: {e}") from e
-        try:
-            hdr = P.decode_header(raw, receiver_is_host=True)
         except P.PduError as e:
             raise NvmeProtocolError(f"bad ICResp: {e}") from e
-        resp = hdr.pdu
         if isinstance(resp, P.TermReq):
             raise NvmeTransportError(f"target refused the connection with C2HTermReq FES {resp.fes:#x}")
-        if not isinstance(resp, P.ICResp):
-            raise NvmeProtocolError(f"expected ICResp, got {type(resp).__name__}")
-        if resp.pfv != 0 or resp.cpda > 31 or resp.maxh2cdata < 4096 or resp.maxh2cdata % 4:
-            raise NvmeProtocolError(f"unacceptable ICResp {resp}")
-        if resp.hdgst != self.params.hdgst or resp.ddgst != self.params.ddgst:
-            raise NvmeProtocolError(f"target granted digests hdgst={resp.hdgst} ddgst={resp.ddgst}, "
-                                    f"asked hdgst={self.params.hdgst} ddgst={self.params.ddgst}")
-        self.hdgst, self.ddgst = resp.hdgst, resp.ddgst
-        self.cpda, self.maxh2cdata = resp.cpda, resp.maxh2cdata
+        assert isinstance(resp, P.ICResp)  # the decoder's sequence rule
+        try:
+            accept_icresp(resp, p.hdgst, p.ddgst)
+        except NegotiationError as e:
+            raise NvmeProtocolError(str(e)) from None
+        self.state = QueueState.from_icresp(resp)
+        self.packer = PduPacker(resp.hdgst, resp.ddgst, resp.cpda)
+        self.rx = HeaderCheck(receiver_is_host=True, hdgst=resp.hdgst, ddgst=resp.ddgst)
         self.sock.settimeout(None)
         self._reader = threading.Thread(target=self._read_loop, name=f"nvme-q{self.qid}-rx", daemon=True)
         self._reader.start()
@@ -183,14 +197,15 @@ class QueuePair:
         ``disable_sq_flow_control`` (CATTR bit 2) lets the controller end a successful read with the
         C2HData SUCCESS flag instead of a separate CapsuleResp (one PDU less per read).
         """
-        sqe = connect_cmd(self.qid, self.depth + 1, kato_ms if self.qid == 0 else 0,
-                          cattr=CATTR_DISABLE_SQ_FLOW_CONTROL if disable_sq_flow_control else 0)
+        cattr = CATTR_DISABLE_SQ_FLOW_CONTROL if disable_sq_flow_control else 0
+        sqe = connect_cmd(self.qid, self.depth + 1, kato_ms if self.qid == 0 else 0, cattr=cattr)
         data = ConnectData(hostid, cntlid, subnqn, hostnqn).encode()
         fut = self.submit(sqe, data=memoryview(data), what=f"Connect (qid {self.qid})", timeout=timeout)
         try:
             cqe = fut.result(timeout + 1)
         except NvmeStatusError as e:
             raise NvmeConnectError(e.status, f"Connect to {subnqn} as {hostnqn} (qid {self.qid})") from None
+        self.state.connected(self.depth + 1, cattr)
         return cqe.dw0 & 0xFFFF
 
     # ------------------------------------------------------------------------------------------------
@@ -239,8 +254,7 @@ class QueuePair:
         in_capsule = data is not None and length <= limit
         sqe.sgl_id = SglId.DATA_BLOCK_OFFSET if in_capsule else SglId.TRANSPORT_DATA_BLOCK
         sqe.sgl_addr = 0
-        self._send_capsule(P.encode(P.CapsuleCmd(sqe.encode(), data if in_capsule else b""), self.hdgst,
-                                    self.ddgst, self.cpda))
+        self._send_capsule(self.packer.capsule(sqe.encode(), data if in_capsule else b""))
         assert req.future is not None
         return req.future
 
@@ -278,20 +292,9 @@ class QueuePair:
                     cid: int) -> list:
         """The buffers of one Read/Write CapsuleCmd PDU (in-capsule data included for small writes)."""
         n = len(buf)
-        in_capsule = opcode != 0x02 and n <= self.params.in_capsule_bytes
-        if self.hdgst or self.cpda:
-            sqe = Sqe(opcode=opcode, cid=cid, nsid=nsid, sgl_len=n,
-                      sgl_id=SglId.DATA_BLOCK_OFFSET if in_capsule else SglId.TRANSPORT_DATA_BLOCK,
-                      cdw10=slba & 0xFFFFFFFF, cdw11=slba >> 32, cdw12=nlb - 1)
-            return list(P.encode(P.CapsuleCmd(sqe.encode(), buf if in_capsule else b""), self.hdgst, self.ddgst,
-                                 self.cpda))
-        if in_capsule:
-            plen = 72 + n + (4 if self.ddgst else 0)
-            hdr = _CAPSULE.pack(0x04, 0x02 if self.ddgst else 0, 72, 72, plen, opcode, 0x40, cid, nsid, 0, 0, 0,
-                                0, n, 0x01, slba & 0xFFFFFFFF, slba >> 32, nlb - 1, 0, 0, 0)
-            return [hdr, buf, digest_bytes(buf)] if self.ddgst else [hdr, buf]
-        return [_CAPSULE.pack(0x04, 0, 72, 0, 72, opcode, 0x40, cid, nsid, 0, 0, 0, 0, n, 0x5A,
-                              slba & 0xFFFFFFFF, slba >> 32, nlb - 1, 0, 0, 0)]
+        if opcode != 0x02 and n <= self.params.in_capsule_bytes:
+            return self.packer.rw_capsule(opcode, cid, nsid, slba, nlb, n, _payload(buf))
+        return self.packer.rw_capsule(opcode, cid, nsid, slba, nlb, n)
 
     def _complete(self, req: _Request, status: int, dw0: int = 0, dw1: int = 0, sqhd: int = 0,
                   error: BaseException | None = None) -> None:
@@ -323,33 +326,36 @@ class QueuePair:
 
     def _read_loop(self) -> None:
         sock = self.sock
-        hdr = bytearray(28)
+        hdr = bytearray(_IC_MAX_PLEN)
         hv = memoryview(hdr)
-        h24 = hv[:24]
-        dg = bytearray(4)
-        dgv = memoryview(dg)
+        h24 = hv[:24]  # every controller-to-host PDU but ICResp has a 24-byte header
+        dgv = memoryview(bytearray(4))
         inflight = self._inflight
-        ddgst = self.ddgst
+        common, complete = self.rx.common, self.rx.complete
         try:
             while True:
                 _recv_exact(sock, h24)
-                t, flags, hlen, pdo, plen = _CH.unpack_from(hdr, 0)
-                # Fast paths (no header digest): CapsuleResp and C2HData in their canonical form.
-                if t == 0x05 and plen == 24 and hlen == 24 and flags == 0 and pdo == 0:
-                    dw0, dw1, sqhd, _sqid, cid, status = _CQE_AT8.unpack_from(hdr, 0)
+                t, span, pdo, dlen, has_dd = common(hdr)
+                if span > 24:
+                    _recv_exact(sock, hv[24:span])
+                complete(hdr, t, span, dlen)
+                if t == _T_RESP:
+                    dw0, dw1, sqhd, _sqid, cid, status = CQE_FIELDS.unpack_from(hdr, 0)
                     req = inflight.get(cid)
                     if req is None:
                         raise NvmeProtocolError(f"completion for unknown command id {cid}")
                     self._complete(req, status, dw0, dw1, sqhd)
-                    continue
-                if (t == 0x07 and hlen == 24 and pdo == 24 and not flags & 0xF1
-                        and (flags & 0x02) == (2 if ddgst else 0)):
-                    cid, _ttag, datao, datal = _DATA_AT8.unpack_from(hdr, 0)
-                    if plen != 24 + datal + (4 if ddgst else 0) or datal == 0:
-                        raise NvmeProtocolError(f"C2HData with PLEN {plen} and DATAL {datal}")
-                    self._recv_c2h(cid, datao, datal, flags, dgv)
-                    continue
-                self._read_slow(hv)
+                elif t == _T_C2H:
+                    cid, _ttag, datao, _ = DATA_FIELDS.unpack_from(hdr, 0)
+                    if pdo > span:
+                        _recv_exact(sock, memoryview(bytearray(pdo - span)))
+                    self._recv_c2h(cid, datao, dlen, hdr[1], has_dd, dgv)
+                elif t == _T_R2T:
+                    self._queue_r2t(*DATA_FIELDS.unpack_from(hdr, 0))
+                else:
+                    self._on_term(hv, span, dlen)
+        except P.PduError as e:
+            self._fail(NvmeProtocolError(f"malformed PDU from target: {e}"))
         except NvmeTransportError as e:
             self._fail(e)
         except OSError as e:
@@ -357,7 +363,7 @@ class QueuePair:
         except Exception as e:  # a bug must not leave callers hanging
             self._fail(NvmeTransportError(f"queue {self.qid} reader crashed: {e!r}"))
 
-    def _recv_c2h(self, cid: int, datao: int, datal: int, flags: int, dgv: memoryview) -> None:
+    def _recv_c2h(self, cid: int, datao: int, datal: int, flags: int, has_dd: bool, dgv: memoryview) -> None:
         req = self._inflight.get(cid)
         if req is None or not req.c2h or req.buf is None:
             raise NvmeProtocolError(f"C2HData for unknown or data-less command id {cid}")
@@ -370,54 +376,32 @@ class QueuePair:
             _recv_exact_v(self.sock, dest.views)
         else:
             _recv_exact(self.sock, dest)
-        if flags & 0x02:
+        if has_dd:
             _recv_exact(self.sock, dgv)
-            if int.from_bytes(dgv, "little") != _digest_of(dest):
+            if dgv != payload_digest(_payload(dest)):
                 req.error = NvmeStatusError(Status.named("DATA_TRANSFER_ERROR"), f"{req.what}: C2HData digest mismatch")
         req.received = end
-        if flags & 0x0C == 0x0C:  # LAST_PDU + SUCCESS: no CapsuleResp follows
+        if flags & _LAST_SUCCESS == _LAST_SUCCESS:  # no CapsuleResp follows
             self._complete(req, 0)
 
-    def _read_slow(self, hv: memoryview) -> None:
-        """Any PDU off the fast path: full validation through the codec."""
-        sock = self.sock
-        span = 28 if hv[1] & PduFlags.HDGSTF else 24
-        if span == 28:
-            _recv_exact(sock, hv[24:28])
-        try:
-            h = P.decode_header(hv[:span], receiver_is_host=True, hdgst=self.hdgst, ddgst=self.ddgst)
-        except P.PduError as e:
-            raise NvmeProtocolError(f"malformed PDU from target: {e}") from e
-        pdu = h.pdu
-        t = h.ch.type
-        if t == PduType.CAPSULE_RESP:
-            cqe = Cqe.decode(pdu.cqe)
-            req = self._inflight.get(cqe.cid)
-            if req is None:
-                raise NvmeProtocolError(f"completion for unknown command id {cqe.cid}")
-            self._complete(req, cqe.status.word, cqe.dw0, cqe.dw1, cqe.sqhd)
-        elif t == PduType.C2H_DATA:
-            if h.data_offset > span:
-                _recv_exact(sock, memoryview(bytearray(h.data_offset - span)))
-            self._recv_c2h(pdu.cccid, pdu.datao, h.data_len, h.ch.flags, memoryview(bytearray(4)))
-        elif t == PduType.R2T:
-            self._queue_r2t(pdu)
-        elif t == PduType.C2H_TERM_REQ:
-            rest = bytearray(h.data_len)
-            _recv_exact(sock, memoryview(rest))
-            raise NvmeTransportError(f"target terminated the connection: C2HTermReq FES {pdu.fes:#x} FEI {pdu.fei:#x}")
-        else:
-            raise NvmeProtocolError(f"unexpected PDU type {t:#x}")
+    def _on_term(self, hv: memoryview, span: int, dlen: int) -> None:
+        """A C2HTermReq: the target ends the connection."""
+        term = P.decode_header(hv[:span], receiver_is_host=True, hdgst=self.hdgst, ddgst=self.ddgst)
+        if dlen:
+            _recv_exact(self.sock, memoryview(bytearray(dlen)))
+        pdu = term.pdu
+        raise NvmeTransportError(f"target terminated the connection: C2HTermReq FES {pdu.fes:#x} FEI {pdu.fei:#x}")
 
     # ------------------------------------------------------------------------------------------------
     # R2T -> H2CData
 
-    def _queue_r2t(self, r2t: P.R2T) -> None:
-        req = self._inflight.get(r2t.cccid)
-        if req is None or req.c2h or req.buf is None or r2t.r2tl == 0 or r2t.r2to + r2t.r2tl > len(req.buf):
-            raise NvmeProtocolError(f"R2T out of range or for unknown command: {r2t}")
+    def _queue_r2t(self, cccid: int, ttag: int, r2to: int, r2tl: int) -> None:
+        req = self._inflight.get(cccid)
+        if req is None or req.c2h or req.buf is None or r2tl == 0 or r2to + r2tl > len(req.buf):
+            raise NvmeProtocolError(f"R2T out of range or for unknown command: cccid {cccid} ttag {ttag} "
+                                    f"offset {r2to} length {r2tl}")
         with self._r2t_cv:
-            self._r2t_jobs.append((req, r2t))
+            self._r2t_jobs.append((req, cccid, ttag, r2to, r2tl))
             self._r2t_cv.notify()
 
     def _send_loop(self) -> None:
@@ -428,37 +412,21 @@ class QueuePair:
                         self._r2t_cv.wait()
                     if self._closed:
                         return
-                    req, r2t = self._r2t_jobs.popleft()
-                self._send_h2c(req, r2t)
+                    job = self._r2t_jobs.popleft()
+                self._send_h2c(*job)
         except OSError as e:
             self._fail(NvmeTransportError(f"send failed on queue {self.qid}: {e}"))
 
-    def _send_h2c(self, req: _Request, r2t: P.R2T) -> None:
-        assert req.buf is not None
+    def _send_h2c(self, req: _Request, cccid: int, ttag: int, r2to: int, r2tl: int) -> None:
+        buf = req.buf
+        assert buf is not None
         chunk = self.maxh2cdata
-        off, end = r2t.r2to, r2t.r2to + r2t.r2tl
-        hlen_h = 24 + (4 if self.hdgst else 0)
-        if self.cpda:
-            align = (self.cpda + 1) * 4
-            pdo = -(-hlen_h // align) * align
-        else:
-            pdo = hlen_h
+        off, end = r2to, r2to + r2tl
+        h2c = self.packer.h2c_data
         with self._send_lock:
             while off < end:
                 n = min(chunk, end - off)
-                data = req.buf[off : off + n]
-                flags = (PduFlags.DATA_LAST if off + n == end else 0)
-                flags |= (PduFlags.HDGSTF if self.hdgst else 0) | (PduFlags.DDGSTF if self.ddgst else 0)
-                plen = pdo + n + (4 if self.ddgst else 0)
-                hdr = bytearray(_H2C_HDR.pack(PduType.H2C_DATA, flags, 24, pdo, plen, r2t.cccid, r2t.ttag, off, n))
-                if self.hdgst:
-                    hdr += digest_bytes(hdr)
-                if pdo > len(hdr):
-                    hdr += bytes(pdo - len(hdr))
-                bufs = [hdr, data]
-                if self.ddgst:
-                    bufs.append(digest_bytes(data))
-                _send_all(self.sock, bufs)
+                _send_all(self.sock, h2c(cccid, ttag, off, _payload(buf[off:off + n]), off + n == end))
                 off += n
 
     # ------------------------------------------------------------------------------------------------

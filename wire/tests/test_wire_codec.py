@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adp_connector.nvmeof.wire import (
+from adp_wire import (
     R2T,
     C2HData,
     CapsuleCmd,
@@ -28,11 +28,11 @@ from adp_connector.nvmeof.wire import (
     encode,
     encode_bytes,
 )
-from adp_connector.nvmeof.wire import sqe as S
-from adp_connector.nvmeof.wire import structs as T
-from adp_connector.nvmeof.wire.digest import crc32c
-from adp_connector.nvmeof.wire.sqe import Cqe, Sqe
-from adp_connector.nvmeof.wire.status import status_names
+from adp_wire import sqe as S
+from adp_wire import structs as T
+from adp_wire.digest import crc32c
+from adp_wire.sqe import Cqe, Sqe
+from adp_wire.status import status_names
 
 u16 = st.integers(0, 0xFFFF)
 u32 = st.integers(0, 0xFFFFFFFF)
