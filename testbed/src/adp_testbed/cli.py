@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -262,8 +261,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "state_dir", None) is None:
-        args.state_dir = os.environ.get("ADP_KV_STATE_DIR")
     try:
         return args.func(args)
     except (CliError, S.StateError) as e:

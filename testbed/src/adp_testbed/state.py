@@ -14,10 +14,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from adp_emulator import paths
+
 
 def state_dir(override: str | os.PathLike[str] | None = None) -> Path:
-    d = Path(override or os.environ.get("ADP_KV_STATE_DIR") or Path.home() / ".local/state/adp-kv")
-    d.mkdir(parents=True, exist_ok=True)
+    """The state directory (:func:`adp_emulator.paths.state_dir`), created 0700 if missing."""
+    d = paths.state_dir(override)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
     return d
 
 
