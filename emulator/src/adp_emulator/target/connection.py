@@ -131,7 +131,7 @@ class Connection:
         self.rview = memoryview(bytearray(_RBUF))
         self.rpos = self.rend = 0
         self.max_icd = max(self.settings.in_capsule_bytes, ADMIN_IN_CAPSULE)
-        self.scratch = bytearray(self.max_icd + 512)
+        self.scratch = bytearray(4096)  # grown by _scratch() to what a capsule really carries
         self.sview = memoryview(self.scratch)
         self.cmd_max_plen = 72 + 4 + 255 + self.max_icd + 4
         self.h2c_max_plen = 24 + 4 + 255 + self.settings.maxh2cdata + 4
@@ -242,6 +242,13 @@ class Connection:
             if not r:
                 raise ConnectionClosed
             got += r
+
+    def _scratch(self, n: int) -> memoryview:
+        """``n`` bytes of scratch space: allocated when a PDU needs them, not per connection up front."""
+        if n > len(self.scratch):
+            self.scratch = bytearray(n)
+            self.sview = memoryview(self.scratch)
+        return self.sview[:n]
 
     def _discard(self, n: int) -> None:
         while n > 0:
@@ -448,7 +455,7 @@ class Connection:
             status = self._check_sgl(sqe, direction, icl, dest)
         if icl:
             if status or dest is None:
-                dest = self.sview[:icl]
+                dest = self._scratch(icl)
             self._discard(pdo - span)
             if has_dd:  # stage, check, then apply: a write with a bad digest never reaches the media
                 stage = memoryview(bytearray(icl)) if not status else dest[:icl]
