@@ -128,7 +128,7 @@ class Connection:
         self.send_lock = threading.Lock()
         self.hbuf = bytearray(512)
         self.hview = memoryview(self.hbuf)
-        self.rview = memoryview(bytearray(_RBUF))
+        self.rview = memoryview(bytearray(512))  # enough for ICReq; _set_transport grows it to _RBUF
         self.rpos = self.rend = 0
         self.max_icd = max(self.settings.in_capsule_bytes, ADMIN_IN_CAPSULE)
         self.scratch = bytearray(4096)  # grown by _scratch() to what a capsule really carries
@@ -229,7 +229,7 @@ class Connection:
         if n < _DIRECT_RECV:
             got = 0
             while got < n:
-                r = recv_into(self.rview[got:], _RBUF - got)
+                r = recv_into(self.rview[got:], len(self.rview) - got)
                 if not r:
                     raise ConnectionClosed
                 got += r
@@ -401,6 +401,10 @@ class Connection:
     def _set_transport(self, hd: bool, dd: bool, hpda: int) -> None:
         """Digests and host PDU alignment as negotiated by ICReq/ICResp."""
         self.hd, self.dd, self.hpda = hd, dd, hpda
+        if len(self.rview) < _RBUF:  # keep what was read ahead (a pipelined Connect)
+            grown = memoryview(bytearray(_RBUF))
+            grown[:self.rend] = self.rview[:self.rend]
+            self.rview = grown
         self.fl_h = _HDGSTF if hd else 0
         self.fl_hd = self.fl_h | (_DDGSTF if dd else 0)
         pdo = 24 + (4 if hd else 0)
