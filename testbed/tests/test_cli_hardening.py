@@ -266,3 +266,20 @@ def test_fuzz_every_option_no_traceback(tmp_path: Path, monkeypatch: pytest.Monk
     out = capsys.readouterr()
     assert "Traceback" not in out.err + out.out
     assert n > 300
+
+
+def test_two_concurrent_ups_one_wins(tmp_path: Path) -> None:
+    """Item 7: two `up` started together on one state dir: one target, one refusal, `down` stops the one."""
+    sd = str(tmp_path / "state")
+    cmd = [*RUN, "--state-dir", sd, "up", "--port", "0", "--capacity", "16M"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    try:
+        assert sorted(p.returncode for p in procs) == [0, 2], outs
+        st = S.load(Path(sd))
+        assert st is not None and S.pid_alive(st.pid)
+        loser = next(o for p, o in zip(procs, outs, strict=True) if p.returncode == 2)
+        assert "another `testbed up`" in loser[1] or "already up" in loser[1], loser
+    finally:
+        assert main(["--state-dir", sd, "down"]) == 0
+    assert S.load(Path(sd)) is None
