@@ -283,3 +283,14 @@ def test_two_concurrent_ups_one_wins(tmp_path: Path) -> None:
     finally:
         assert main(["--state-dir", sd, "down"]) == 0
     assert S.load(Path(sd)) is None
+
+
+def test_restore_path_refuses_a_backing_file_with_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 5: `bench restore-path --backing FILE` formats FILE: one holding data is refused without the flag."""
+    img = tmp_path / "card.img"
+    img.write_bytes(bytes(8 << 20) + MARKER)  # data past the first MiB, found by the spread samples
+    args = ["bench", "restore-path", "--gb", "0.01", "--page-size", "256K", "--batch-mb", "1", "--slabs", "2",
+            "--helpers", "1", "--queues", "1", "--backing", str(img)]
+    assert main(args) == 2
+    assert "holds data" in capsys.readouterr().err
+    assert img.read_bytes()[8 << 20:] == MARKER

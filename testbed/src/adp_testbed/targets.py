@@ -65,6 +65,31 @@ def refuse_to_destroy(ctrl: object, where: str, command: str, allow: bool, flag:
                           f"Pass {flag} to go ahead (its content is lost)")
 
 
+def refuse_to_overwrite_file(path: str | Path | None, command: str, allow: bool, flag: str = "--yes-destroy") -> None:
+    """TargetError if ``path`` (a backing file the command formats) exists and holds a non-zero byte in
+    its first MiB or in :data:`PROBE_SAMPLES` spread 4 KiB samples, unless ``allow``."""
+    if not path or allow:
+        return
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            found = any(f.read(PROBE_HEAD_BYTES))
+            step = max(size // PROBE_SAMPLES, 4096)
+            for off in range(PROBE_HEAD_BYTES, size, step):
+                if found:
+                    break
+                f.seek(off)
+                found = any(f.read(4096))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise TargetError(f"{command}: cannot read {p}: {e.strerror or e}") from None
+    if found:
+        raise TargetError(f"{command}: {p} holds data; this command formats it. Pass {flag} to go ahead "
+                          f"(its content is lost)")
+
+
 def connect_existing(traddr: str, trsvcid: int, subnqn: str | None, **kw: object) -> object:
     """Connect the host client to an existing target; TargetError (one line) if it cannot be reached."""
     from adp_connector.device import DeviceError
