@@ -294,3 +294,27 @@ def test_restore_path_refuses_a_backing_file_with_data(tmp_path: Path, capsys: p
     assert main(args) == 2
     assert "holds data" in capsys.readouterr().err
     assert img.read_bytes()[8 << 20:] == MARKER
+
+
+def test_up_allow_host_is_enforced_on_loopback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 4 through the CLI: `testbed up --allow-host NQN` on 127.0.0.1 refuses a host with another NQN."""
+    from adp_connector.device import DeviceError
+
+    allowed = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
+    other = "nqn.2014-08.org.nvmexpress:uuid:99999999-2222-3333-4444-555555555555"
+    sd = str(tmp_path / "state")
+    try:
+        assert main(["--state-dir", sd, "up", "--port", "0", "--capacity", "16M", "--allow-host", allowed]) == 0
+        st = S.load(Path(sd))
+        assert st is not None
+
+        def connect(hostnqn: str) -> Controller:
+            return Controller.connect(HostConfig(traddr=st.traddr, trsvcid=st.trsvcid, subnqn=st.subnqn, io_queues=1,
+                                                 hostnqn=hostnqn, auto_reconnect=False, connect_timeout=5))
+
+        with pytest.raises(DeviceError):
+            connect(other).close()
+        with connect(allowed) as c:
+            assert c.read(0, 4096) == bytes(4096)
+    finally:
+        main(["--state-dir", sd, "down"])
