@@ -82,4 +82,4 @@ def test_cli_serve_ready_and_sigterm(tmp_path) -> None:
         p.wait()
     bad = subprocess.run([sys.executable, "-m", "adp_emulator", "serve", "--lba-size", "512", "--capacity", "1000"],
                          capture_output=True, text=True, timeout=30)
-    assert bad.returncode == 2 and "capacity_bytes" in bad.stderr
+    assert bad.returncode == 2 and "--capacity" in bad.stderr and "TargetSettings" not in bad.stderr

@@ -8,6 +8,7 @@ for a kernel target started into DIR.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -16,9 +17,48 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from adp_emulator.api import ApiServer
+    from adp_emulator.mgmt import ApiServer
 
 TOKEN_ENV = "ADP_KV_MGMT_TOKEN"
+
+#: TargetSettings field -> the ``serve`` option that sets it (error messages name options, not fields).
+FIELD_OPTIONS = {"host": "--host", "port": "--port", "subnqn": "--nqn", "capacity_bytes": "--capacity",
+                 "lba_size": "--lba-size", "mdts_bytes": "--mdts", "max_io_queues": "--queues",
+                 "queue_depth": "--queue-depth", "backing_path": "--backing", "allowed_hosts": "--allow-host",
+                 "io_workers": "--io-workers", "max_connections": "--max-connections",
+                 "handshake_timeout_s": "--handshake-timeout"}
+
+
+def _size(text: str) -> int:
+    from adp_emulator.sizes import parse_size
+
+    try:
+        n = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return n
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a TCP port (0-65535)")
+    return n
+
+
+def _user_message(e: ValueError) -> str:
+    """A settings error in the words of the command line (``TargetSettings.mdts_bytes`` -> ``--mdts``)."""
+    import re
+
+    def opt(m: re.Match[str]) -> str:
+        return FIELD_OPTIONS.get(m.group(1), m.group(1).replace("_", "-"))
+
+    return re.sub(r"TargetSettings\.(\w+)", opt, str(e))
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -27,11 +67,11 @@ def _build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the target until SIGINT/SIGTERM")
     s.add_argument("--config", help="nvmetcli JSON (+ 'adp' section); other options override it")
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, help="TCP port (default 4420, 0 = any free port)")
+    s.add_argument("--port", type=_port, help="TCP port (default 4420, 0 = any free port)")
     s.add_argument("--nqn", help="subsystem NQN")
-    s.add_argument("--capacity", help="namespace size, e.g. 1G")
+    s.add_argument("--capacity", type=_size, help="namespace size, e.g. 1G or 1.5M (binary units)")
     s.add_argument("--lba-size", type=int, choices=(512, 4096))
-    s.add_argument("--mdts", help="max data transfer size, e.g. 128K")
+    s.add_argument("--mdts", type=_size, help="max data transfer size, 4K to 128M, a power of two, e.g. 128K")
     s.add_argument("--queues", type=int, help="max I/O queues")
     s.add_argument("--queue-depth", type=int)
     s.add_argument("--backing", help="backing file (default: RAM)")
@@ -40,6 +80,11 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--require-data-digest", action="store_true", default=None)
     s.add_argument("--io-workers", type=int, metavar="N",
                    help="serve I/O queues in N worker processes (default 0: all in this process)")
+    s.add_argument("--max-connections", type=int, metavar="N",
+                   help="open TCP connections served at once; more are closed at accept (default 1024)")
+    s.add_argument("--handshake-timeout", type=float, metavar="S",
+                   help="seconds a new connection has for ICReq and Connect before it is closed "
+                        "(default 10, 0 = no limit)")
     _add_mgmt_args(s, port_default=None)
     s.add_argument("-v", "--verbose", action="store_true")
     m = sub.add_parser("mgmt", help="serve the management API for a kernel target (testbed up --backend kernel)")
@@ -51,7 +96,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _add_mgmt_args(p: argparse.ArgumentParser, port_default: int | None) -> None:
     g = p.add_argument_group("management API")
-    g.add_argument("--mgmt-port", type=int, default=port_default,
+    g.add_argument("--mgmt-port", type=_port, default=port_default,
                    help="serve the management API on this port (0 = any free port)"
                    + ("; default: off" if port_default is None else f"; default {port_default}"))
     g.add_argument("--mgmt-host", default="127.0.0.1", help="management API address (default 127.0.0.1)")
@@ -63,10 +108,6 @@ def _add_mgmt_args(p: argparse.ArgumentParser, port_default: int | None) -> None
     g.add_argument("--mgmt-allow-remote", action="store_true",
                    help="allow a non-loopback --mgmt-host (needs --mgmt-token or $" + TOKEN_ENV + "; "
                         "then reads need the token too)")
-
-
-def _state_dir() -> str:
-    return os.environ.get("ADP_KV_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".local", "state", "adp-kv")
 
 
 class _Mgmt:
@@ -87,7 +128,7 @@ class _Mgmt:
 
 def _check_mgmt_args(args: argparse.Namespace) -> str | None:
     """The explicit token (flag or env), if any; ValueError for an unsafe combination of options."""
-    from adp_emulator.api import is_loopback
+    from adp_emulator.mgmt import is_loopback
 
     explicit = args.mgmt_token or os.environ.get(TOKEN_ENV) or None
     if args.mgmt_port is not None and not 0 <= args.mgmt_port <= 65535:
@@ -104,14 +145,16 @@ def _check_mgmt_args(args: argparse.Namespace) -> str | None:
 
 def _start_mgmt(args: argparse.Namespace, backend: Any) -> _Mgmt:
     """Start the API in a background thread; raises ValueError (bad options) or OSError (bind)."""
-    from adp_emulator.api import ApiServer, create_app, is_loopback, write_token_file
+    from adp_emulator.mgmt import ApiServer, create_app, is_loopback, write_token_file
 
     explicit = _check_mgmt_args(args)
     app = create_app(backend, explicit, protect_reads=not is_loopback(args.mgmt_host))
     server = ApiServer(app, args.mgmt_host, args.mgmt_port)
     token_file = args.mgmt_token_file
     if token_file is None and not explicit:
-        token_file = os.path.join(_state_dir(), f"mgmt-{server.port}.token")
+        from adp_emulator.paths import state_dir
+
+        token_file = str(state_dir() / f"mgmt-{server.port}.token")
     try:
         if token_file:
             write_token_file(token_file, app.state.token)
@@ -137,7 +180,7 @@ def _install_signals() -> threading.Event:
 
 
 def _main_mgmt(args: argparse.Namespace) -> int:
-    from adp_emulator.api import KernelBackend
+    from adp_emulator.mgmt import KernelBackend
 
     done = _install_signals()
     try:
@@ -165,6 +208,8 @@ def _settings(args: argparse.Namespace) -> Any:
     for opt, key, conv in (("host", "host", str), ("port", "port", int), ("nqn", "subnqn", str),
                            ("capacity", "capacity_bytes", parse_size), ("lba_size", "lba_size", int),
                            ("mdts", "mdts_bytes", parse_size), ("queues", "max_io_queues", int),
+                           ("max_connections", "max_connections", int),
+                           ("handshake_timeout", "handshake_timeout_s", float),
                            ("queue_depth", "queue_depth", int), ("backing", "backing_path", str),
                            ("allow_host", "allowed_hosts", list), ("allow_any_host", "allow_any_host", bool),
                            ("require_data_digest", "require_data_digest", bool), ("io_workers", "io_workers", int)):
@@ -186,24 +231,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "mgmt":
         return _main_mgmt(args)
     from adp_emulator.target import UserspaceTarget
+    from adp_emulator.target.server import BackingError
 
     try:
         settings = _settings(args)
         if args.mgmt_port is not None:
             _check_mgmt_args(args)
     except ValueError as e:
-        print(f"adp-emulator: {e}", file=sys.stderr)
+        print(f"adp-emulator: {_user_message(e)}", file=sys.stderr)
         return 2
     target = UserspaceTarget(settings)
     try:
         target.start()
+    except BackingError as e:
+        print(f"adp-emulator: --backing: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
-        print(f"adp-emulator: cannot listen on {settings.host}:{settings.port}: {e}", file=sys.stderr)
+        hint = " (not an address of this machine)" if e.errno == errno.EADDRNOTAVAIL else \
+            " (another process listens there)" if e.errno == errno.EADDRINUSE else ""
+        print(f"adp-emulator: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}{hint}",
+              file=sys.stderr)
         return 1
     done = _install_signals()
     mgmt: _Mgmt | None = None
     if args.mgmt_port is not None:
-        from adp_emulator.api import UserspaceBackend
+        from adp_emulator.mgmt import UserspaceBackend
 
         try:
             mgmt = _start_mgmt(args, UserspaceBackend(target))

@@ -462,12 +462,18 @@ def load_config(path: str | Path) -> NvmetConfig:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"config: cannot read {p}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config: {p} is not UTF-8 text (byte {e.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"config: {p}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+    except RecursionError:
+        raise ValueError(f"config: {p}: JSON nested too deeply") from None
     try:
         return NvmetConfig.from_json(data)
+    except RecursionError:
+        raise ValueError(f"config: {p}: JSON nested too deeply") from None
     except (ValueError, TypeError) as e:
         raise ValueError(f"{e} (in {p})") from e
 

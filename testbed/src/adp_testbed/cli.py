@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
+from . import options as O
 from . import state as S
 from . import targets as T
 from .sizes import parse_size
@@ -32,10 +32,28 @@ class CliError(Exception):
 # up / down / status
 
 
+def _check_up_args(args: argparse.Namespace) -> None:
+    """What argparse types cannot see alone, checked before anything starts."""
+    if args.capacity <= 0 or args.capacity % args.lba_size:
+        raise CliError(f"--capacity {args.capacity} is not a positive multiple of --lba-size {args.lba_size}")
+    m = args.mdts
+    if m < 4096 or m & (m - 1) or m > 4096 << 15:
+        raise CliError(f"--mdts must be a power of two from 4K to 128M, got {m}")
+    if args.backing:
+        b = Path(args.backing)
+        if b.exists() and not b.is_file():
+            raise CliError(f"--backing {b} is not a regular file")
+        if str(b.resolve()).startswith(("/proc/", "/sys/", "/dev/")):
+            raise CliError(f"--backing {b} is not a regular file on a disk")
+    if args.allow_host and args.allow_any_host:
+        raise CliError("--allow-host and --allow-any-host contradict each other; give one")
+
+
 def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
-    if args.port and S.port_busy(args.host, args.port):
-        raise CliError(f"port {args.port} on {args.host} is busy (another process listens there); "
-                       f"choose another with --port")
+    if not args.config:  # port 0 too: is the address one of this machine's?
+        problem = S.bind_problem(args.host, args.port)
+        if problem:
+            raise CliError(problem)
     cmd = T.userspace_command(
         host=args.host, port=args.port, config=args.config,
         nqn=None if args.config else args.nqn, capacity=None if args.config else args.capacity,
@@ -48,7 +66,8 @@ def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
         raise CliError(str(e)) from None
     return S.TargetState(backend="user", traddr=got.traddr, trsvcid=got.trsvcid, subnqn=got.subnqn,
                          pid=got.proc.pid, hosted="host", log=str(got.log), mgmt_url=got.mgmt_url,
-                         extra={"mgmt_token_file": str(sdir / MGMT_TOKEN_FILE)})
+                         extra={"mgmt_token_file": str(sdir / MGMT_TOKEN_FILE),
+                                "identity": S.process_identity(got.proc.pid)})
 
 
 def _spawn_kernel_mgmt(sdir: Path, workdir: Path, timeout: float) -> dict:
@@ -59,7 +78,8 @@ def _spawn_kernel_mgmt(sdir: Path, workdir: Path, timeout: float) -> dict:
     except T.LaunchError as e:
         print(f"note: no management API: {e}", file=sys.stderr)
         return {}
-    return {"mgmt_url": url, "mgmt_pid": proc.pid, "mgmt_token_file": str(token_file)}
+    return {"mgmt_url": url, "mgmt_pid": proc.pid, "mgmt_token_file": str(token_file),
+            "mgmt_identity": S.process_identity(proc.pid)}
 
 
 def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
@@ -72,8 +92,10 @@ def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
     else:
         cfg = default_config(port=args.port or 4420, nqn=args.nqn)
         cfg.adp.capacity_bytes = args.capacity
-    if args.port and S.port_busy("127.0.0.1", args.port):
-        raise CliError(f"port {args.port} on 127.0.0.1 is busy; choose another with --port")
+    if args.port:
+        problem = S.bind_problem("127.0.0.1", args.port)
+        if problem:
+            raise CliError(problem)
     workdir = sdir / "kernel"
     workdir.mkdir(parents=True, exist_ok=True)
     kt = KernelTarget(cfg, workdir, host_port=args.port if args.port else 0)
@@ -85,11 +107,20 @@ def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
     return S.TargetState(backend="kernel", traddr=info["traddr"], trsvcid=int(info["trsvcid"]),
                          subnqn=info["subnqn"], pid=int(info.get("pid") or 0), hosted=info.get("hosted", "vm"),
                          log=str(workdir), mgmt_url=mgmt.pop("mgmt_url", None),
-                         extra={"workdir": str(workdir), "accel": info.get("accel"), **mgmt})
+                         extra={"workdir": str(workdir), "accel": info.get("accel"), **mgmt,
+                                "identity": S.process_identity(int(info.get("pid") or 0)) if info.get("pid") else None})
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    """Start a target, holding the state dir's lock; the state is written (atomically) before success is
+    reported, and a target whose state cannot be written is stopped again."""
+    _check_up_args(args)
     sdir = S.state_dir(args.state_dir)
+    with S.locked(sdir):
+        return _up_locked(args, sdir)
+
+
+def _up_locked(args: argparse.Namespace, sdir: Path) -> int:
     old = S.load(sdir)
     if old is not None:
         if S.pid_alive(old.pid):
@@ -98,15 +129,46 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"note: removed stale state of a target (pid {old.pid}) that is no longer running", file=sys.stderr)
         S.clear(sdir)
     st = _spawn_kernel(args, sdir) if args.backend == "kernel" else _spawn_userspace(args, sdir)
-    S.save(sdir, st)
+    try:
+        S.save(sdir, st)
+    except OSError as e:
+        _stop_recorded(st)
+        raise CliError(f"cannot write the state file in {sdir} ({e.strerror or e}); the target was stopped "
+                       f"again") from None
     print(f"{st.backend} target up: {st.traddr}:{st.trsvcid} {st.subnqn} (pid {st.pid}, {st.hosted})")
     if st.mgmt_url:
         print(f"management API: {st.mgmt_url} (token in {st.extra.get('mgmt_token_file')})")
     return 0
 
 
+#: Words one of which the command line of a process we started holds (state files without an identity).
+_OUR_MARKERS = ("adp_emulator", "qemu-system")
+
+
+def _stop_recorded(st: S.TargetState) -> None:
+    """Stop the processes ``st`` names (best effort: used when ``up`` cannot record them)."""
+    for pid in (int(st.extra.get("mgmt_pid") or 0), st.pid):
+        if S.pid_alive(pid):
+            S.stop_pid(pid)
+
+
+def _check_ours(pid: int, recorded: dict | None, what: str) -> bool:
+    """True if ``pid`` is still the process the state recorded; a note (and False) if not."""
+    if not S.pid_alive(pid):
+        return False
+    ok, now = S.is_same_process(pid, recorded, _OUR_MARKERS)
+    if not ok:
+        print(f"note: pid {pid} is no longer our {what} (it runs `{now}`); not signalled", file=sys.stderr)
+    return ok
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     sdir = S.state_dir(args.state_dir)
+    with S.locked(sdir):
+        return _down_locked(args, sdir)
+
+
+def _down_locked(args: argparse.Namespace, sdir: Path) -> int:
     try:
         st = S.load(sdir)
     except S.StateError:
@@ -126,11 +188,11 @@ def cmd_down(args: argparse.Namespace) -> int:
         except Exception as e:  # fall back to killing the recorded process
             print(f"note: {e}", file=sys.stderr)
     mgmt_pid = int(st.extra.get("mgmt_pid") or 0)  # the kernel backend's API process
-    if S.pid_alive(mgmt_pid) and not S.stop_pid(mgmt_pid):
+    if _check_ours(mgmt_pid, st.extra.get("mgmt_identity"), "management API") and not S.stop_pid(mgmt_pid):
         print(f"note: could not stop the management API (pid {mgmt_pid})", file=sys.stderr)
     if st.extra.get("mgmt_token_file"):
         Path(st.extra["mgmt_token_file"]).unlink(missing_ok=True)
-    if S.pid_alive(st.pid) and not S.stop_pid(st.pid):
+    if _check_ours(st.pid, st.extra.get("identity"), "target") and not S.stop_pid(st.pid):
         raise CliError(f"could not stop pid {st.pid}")
     S.clear(sdir)
     print(f"{st.backend} target at {st.traddr}:{st.trsvcid} stopped")
@@ -185,25 +247,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["user", "kernel"], default="user",
                    help="user: our userspace NVMe/TCP target; kernel: Linux nvmet (in a QEMU VM if needed)")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (userspace backend)")
-    p.add_argument("--port", type=int, default=4420, help="TCP port (0: any free port)")
-    p.add_argument("--nqn", default=DEFAULT_NQN, help="subsystem NQN")
+    p.add_argument("--host", type=O.host_address, default="127.0.0.1", help="listen address (userspace backend)")
+    p.add_argument("--port", type=O.port, default=4420, help="TCP port (0: any free port)")
+    p.add_argument("--nqn", type=O.nqn, default=DEFAULT_NQN, help="subsystem NQN")
     p.add_argument("--capacity", type=parse_size, default=parse_size("1G"), help="namespace size (e.g. 1G)")
     p.add_argument("--lba-size", type=int, choices=[512, 4096], default=4096)
     p.add_argument("--mdts", type=parse_size, default=parse_size("128K"), help="max data transfer size")
-    p.add_argument("--backing", help="file backing the namespace (persists across restarts); default RAM")
-    p.add_argument("--io-workers", type=int, default=None, metavar="N",
+    p.add_argument("--backing", type=O.path, help="file backing the namespace (persists across restarts); default RAM")
+    p.add_argument("--io-workers", type=O.int_in(0, 256), default=None, metavar="N",
                    help="userspace backend: serve I/O queues in N worker processes (default 0: one process)")
-    p.add_argument("--config", help="nvmetcli JSON configuration (overrides --nqn/--capacity/...)")
-    p.add_argument("--allow-host", action="append", help="host NQN allowed to connect (repeatable)")
+    p.add_argument("--config", type=O.path, help="nvmetcli JSON configuration (overrides --nqn/--capacity/...)")
+    p.add_argument("--allow-host", action="append", type=O.nqn,
+                   help="host NQN allowed to connect (repeatable; enforced on loopback too)")
     p.add_argument("--allow-any-host", action="store_true", help="allow any host NQN (default only on loopback)")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the target to be ready")
+    p.add_argument("--timeout", type=O.seconds, default=20.0, help="seconds to wait for the target to be ready")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="testbed", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--state-dir", default=None, help="where the target's state lives (default $ADP_KV_STATE_DIR "
-                    "or ~/.local/state/adp-kv)")
+    ap = O.OneLineParser(prog="testbed", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--state-dir", type=O.path, default=None,
+                    help="where the target's state lives (default $ADP_KV_STATE_DIR or ~/.local/state/adp-kv)")
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a local target in the background")
     _target_args(up)
@@ -253,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
         verify.add_arguments(vp)
         vp.set_defaults(func=verify.main)
     demo = sub.add_parser("demo", help="the restart A/B on a tiny CPU model (baseline vs ADP connector)")
-    demo.add_argument("--json", help="also write the results to this JSON file")
+    demo.add_argument("--json", type=O.path, help="also write the results to this JSON file")
     demo.add_argument("--datapath", action="store_true",
                       help="the NVMe/TCP data path only (target, client, restart): no vLLM needed")
     demo.add_argument("--corrupt-card", action="store_true",
@@ -265,11 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "state_dir", None) is None:
-        args.state_dir = os.environ.get("ADP_KV_STATE_DIR")
     try:
         return args.func(args)
-    except (CliError, S.StateError) as e:
+    except (CliError, S.StateError, T.TargetError) as e:
         print(f"testbed: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,25 +1,29 @@
-"""Human-readable byte sizes: ``parse_size("128K") == 131072``."""
+"""Byte sizes on the command line: the repository's one grammar (:mod:`adp_emulator.sizes`) as argparse types."""
 
 from __future__ import annotations
 
 import argparse
-import re
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+from adp_emulator.sizes import format_size
+from adp_emulator.sizes import parse_size as _parse
+
+__all__ = ["format_size", "parse_size", "size_list"]
 
 
 def parse_size(text: str | int) -> int:
-    """Parse ``4096``, ``128K``, ``1G``, ``1.5M`` or ``64KiB`` into bytes; raises ArgumentTypeError."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 128K, 1G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    """``128K`` -> 131072 (see :mod:`adp_emulator.sizes`); raises ArgumentTypeError for argparse."""
+    try:
+        return _parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def format_size(n: int) -> str:
-    for unit in ("T", "G", "M", "K"):
-        if n >= _UNITS[unit] and n % _UNITS[unit] == 0:
-            return f"{n // _UNITS[unit]}{unit}"
-    return str(n)
+def size_list(text: str) -> list[int]:
+    """``64K,1M`` -> [65536, 1048576], each size positive."""
+    out = []
+    for part in text.split(","):
+        n = parse_size(part)
+        if n <= 0:
+            raise argparse.ArgumentTypeError(f"sizes must be positive, got {part!r}")
+        out.append(n)
+    return out

@@ -27,6 +27,81 @@ class LaunchError(Exception):
     """The target process did not come up; the message carries the tail of its log."""
 
 
+class TargetError(Exception):
+    """A user-facing problem with an existing target (unreachable, holds data we must not destroy)."""
+
+
+#: Where :func:`namespace_contents` looks for data: the first MiB and this many 4 KiB samples spread over
+#: the rest of the namespace.
+PROBE_HEAD_BYTES = 1 << 20
+PROBE_SAMPLES = 16
+
+
+def namespace_contents(ctrl: object) -> str | None:
+    """What an existing namespace holds as far as a quick look tells: ``"a page store"`` (its superblock
+    at offset 0), ``"data"`` (a non-zero byte in the first MiB or in :data:`PROBE_SAMPLES` spread 4 KiB
+    samples) or None (all of that is zero: it looks unused)."""
+    from adp_connector.store.format import SB_MAGIC
+
+    cap = ctrl.capacity_bytes  # type: ignore[attr-defined]
+    head = bytearray(min(PROBE_HEAD_BYTES, cap))
+    ctrl.read_into(0, memoryview(head))  # type: ignore[attr-defined]
+    if head[:len(SB_MAGIC)] == SB_MAGIC:
+        return "a page store"
+    if any(head):
+        return "data"
+    step = max(cap // PROBE_SAMPLES, 4096) // 4096 * 4096
+    for off in range(len(head) // 4096 * 4096, cap - 4096 + 1, step):
+        if any(ctrl.read(off, 4096)):  # type: ignore[attr-defined]
+            return "data"
+    return None
+
+
+def refuse_to_destroy(ctrl: object, where: str, command: str, allow: bool, flag: str = "--yes-destroy") -> None:
+    """TargetError if ``ctrl``'s namespace holds a page store or data and ``allow`` is not set."""
+    found = namespace_contents(ctrl)
+    if found is not None and not allow:
+        raise TargetError(f"{command}: the namespace of {where} holds {found}; this command overwrites it. "
+                          f"Pass {flag} to go ahead (its content is lost)")
+
+
+def refuse_to_overwrite_file(path: str | Path | None, command: str, allow: bool, flag: str = "--yes-destroy") -> None:
+    """TargetError if ``path`` (a backing file the command formats) exists and holds a non-zero byte in
+    its first MiB or in :data:`PROBE_SAMPLES` spread 4 KiB samples, unless ``allow``."""
+    if not path or allow:
+        return
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            found = any(f.read(PROBE_HEAD_BYTES))
+            step = max(size // PROBE_SAMPLES, 4096)
+            for off in range(PROBE_HEAD_BYTES, size, step):
+                if found:
+                    break
+                f.seek(off)
+                found = any(f.read(4096))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise TargetError(f"{command}: cannot read {p}: {e.strerror or e}") from None
+    if found:
+        raise TargetError(f"{command}: {p} holds data; this command formats it. Pass {flag} to go ahead "
+                          f"(its content is lost)")
+
+
+def connect_existing(traddr: str, trsvcid: int, subnqn: str | None, **kw: object) -> object:
+    """Connect the host client to an existing target; TargetError (one line) if it cannot be reached."""
+    from adp_connector.device import DeviceError
+    from adp_connector.nvmeof.host import Controller, HostConfig
+
+    try:
+        return Controller.connect(HostConfig(traddr=traddr, trsvcid=trsvcid, subnqn=subnqn, **kw))  # type: ignore[arg-type]
+    except (DeviceError, OSError) as e:
+        raise TargetError(f"cannot reach the target at {traddr}:{trsvcid}"
+                          f"{' (' + subnqn + ')' if subnqn else ''}: {e}") from None
+
+
 @dataclass
 class Launched:
     proc: subprocess.Popen
@@ -75,7 +150,10 @@ def _spawn_and_wait(cmd: list[str], log_path: Path, timeout: float, detach: bool
         if found is not None:
             return proc, found
         if proc.poll() is not None:
-            tail = "\n".join(text.splitlines()[-15:])
+            lines = text.splitlines()
+            if len(lines) == 1 and lines[0].startswith("adp-emulator: "):  # its own one-line error
+                raise LaunchError(f"{what} exited with status {proc.returncode} before it was ready: {lines[0]}")
+            tail = "\n".join(lines[-15:])
             raise LaunchError(f"{what} exited with status {proc.returncode} before it was ready:\n{tail}")
         time.sleep(0.05)
     S.stop_pid(proc.pid)

@@ -50,5 +50,7 @@ def require_tools(*tools: str) -> dict[str, str]:
 
 
 def cache_root() -> Path:
-    """``${ADP_KV_CACHE:-~/.cache/adp-kv}``."""
-    return Path(os.environ.get("ADP_KV_CACHE") or Path.home() / ".cache" / "adp-kv").expanduser()
+    """``${ADP_KV_CACHE:-~/.cache/adp-kv}`` (:func:`adp_emulator.paths.cache_dir`)."""
+    from adp_emulator.paths import cache_dir
+
+    return cache_dir()

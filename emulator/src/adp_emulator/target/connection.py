@@ -162,10 +162,10 @@ class Connection:
         self.send_lock = threading.Lock()
         self.hbuf = bytearray(512)
         self.hview = memoryview(self.hbuf)
-        self.rview = memoryview(bytearray(_RBUF))
+        self.rview = memoryview(bytearray(512))  # enough for ICReq; _set_transport grows it to _RBUF
         self.rpos = self.rend = 0
         self.max_icd = max(self.settings.in_capsule_bytes, ADMIN_IN_CAPSULE)
-        self.scratch = bytearray(self.max_icd + 512)
+        self.scratch = bytearray(4096)  # grown by _scratch() to what a capsule really carries
         self.sview = memoryview(self.scratch)
         self.plen_limits = {_T_CMD: 72 + 4 + 255 + self.max_icd + 4,
                             _T_H2C: 24 + 4 + 255 + self.settings.maxh2cdata + 4}
@@ -263,7 +263,7 @@ class Connection:
         if n < _DIRECT_RECV:
             got = 0
             while got < n:
-                r = recv_into(self.rview[got:], _RBUF - got)
+                r = recv_into(self.rview[got:], len(self.rview) - got)
                 if not r:
                     raise ConnectionClosed
                 got += r
@@ -276,6 +276,13 @@ class Connection:
             if not r:
                 raise ConnectionClosed
             got += r
+
+    def _scratch(self, n: int) -> memoryview:
+        """``n`` bytes of scratch space: allocated when a PDU needs them, not per connection up front."""
+        if n > len(self.scratch):
+            self.scratch = bytearray(n)
+            self.sview = memoryview(self.scratch)
+        return self.sview[:n]
 
     def _discard(self, n: int) -> None:
         while n > 0:
@@ -369,6 +376,10 @@ class Connection:
         self.packer = PduPacker(state.hdgst, state.ddgst, state.pda)
         self.rx = HeaderCheck(receiver_is_host=False, hdgst=state.hdgst, ddgst=state.ddgst, max_plen=_IC_MAX_PLEN,
                               limits=self.plen_limits)
+        if len(self.rview) < _RBUF:  # keep what was read ahead (a pipelined Connect)
+            grown = memoryview(bytearray(_RBUF))
+            grown[:self.rend] = self.rview[:self.rend]
+            self.rview = grown
 
     def handoff_state(self) -> dict:
         """What a worker process needs to go on serving this connected I/O queue (see :meth:`adopt`)."""
@@ -414,7 +425,7 @@ class Connection:
             status = self._check_sgl(sqe, direction, icl, dest)
         if icl:
             if status or dest is None:
-                dest = self.sview[:icl]
+                dest = self._scratch(icl)
             self._discard(pdo - span)
             if has_dd:  # stage, check, then apply: a write with a bad digest never reaches the media
                 stage = memoryview(bytearray(icl)) if not status else dest[:icl]

@@ -16,7 +16,7 @@ HIST_BUCKETS = 32
 class IoCounters:
     """Counters for one queue (or one namespace aggregate)."""
 
-    __slots__ = ("bytes_read", "bytes_written", "commands", "errors", "hist", "reads", "writes")
+    __slots__ = ("bytes_read", "bytes_written", "commands", "errors", "hist", "latency_ns", "reads", "writes")
 
     def __init__(self) -> None:
         self.commands = 0
@@ -26,8 +26,10 @@ class IoCounters:
         self.bytes_written = 0
         self.errors = 0
         self.hist = [0] * HIST_BUCKETS
+        self.latency_ns = 0  # sum of every recorded latency (the histogram's _sum)
 
     def record_latency(self, ns: int) -> None:
+        self.latency_ns += ns
         b = (ns // 1000).bit_length()
         self.hist[b if b < HIST_BUCKETS else HIST_BUCKETS - 1] += 1
 
@@ -38,18 +40,20 @@ class IoCounters:
         self.bytes_read += other.bytes_read
         self.bytes_written += other.bytes_written
         self.errors += other.errors
+        self.latency_ns += other.latency_ns
         for i, v in enumerate(other.hist):
             self.hist[i] += v
 
     def state(self) -> tuple:
         """Plain values, for crossing a process boundary (:meth:`from_state`)."""
         return (self.commands, self.reads, self.writes, self.bytes_read, self.bytes_written, self.errors,
-                list(self.hist))
+                list(self.hist), self.latency_ns)
 
     @classmethod
     def from_state(cls, state: tuple) -> IoCounters:
         c = cls()
-        c.commands, c.reads, c.writes, c.bytes_read, c.bytes_written, c.errors, hist = state
+        c.commands, c.reads, c.writes, c.bytes_read, c.bytes_written, c.errors, hist = state[:7]
+        c.latency_ns = state[7] if len(state) > 7 else 0
         c.hist = list(hist)
         return c
 
@@ -63,4 +67,5 @@ class IoCounters:
             "bytes_written": self.bytes_written,
             "errors": self.errors,
             "latency_us_log2": {str((1 << i) >> 1): n for i, n in enumerate(self.hist) if n},
+            "latency_seconds_sum": self.latency_ns / 1e9,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import threading
@@ -24,6 +25,29 @@ log = logging.getLogger(__name__)
 
 CNTLID_MIN, CNTLID_MAX = 1, 0xFFEF  # nvmet's default cntlid_min..cntlid_max
 HOUSEKEEPING_PERIOD_S = 0.05
+#: accept() errors that mean "out of a resource for now" (descriptors, buffers, memory): the listener
+#: backs off and tries again instead of giving up.
+TRANSIENT_ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED,
+                                     errno.EPROTO, errno.EPERM, errno.EINTR})
+ACCEPT_BACKOFF_S = (0.005, 0.5)  # first and longest sleep after a failed accept
+
+
+class BackingError(OSError):
+    """The namespace's backing file cannot be opened or mapped (a bad ``backing_path``)."""
+
+
+class ListenerCounters:
+    """What the acceptor and the housekeeping thread count (``counters()["listener"]``)."""
+
+    __slots__ = ("accept_errors", "handshake_timeouts", "refused_connections")
+
+    def __init__(self) -> None:
+        self.accept_errors = 0
+        self.refused_connections = 0
+        self.handshake_timeouts = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.__slots__}
 
 
 class UserspaceTarget:
@@ -52,6 +76,8 @@ class UserspaceTarget:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._workers: IoWorkers | None = None
+        self.listener_counters = ListenerCounters()
+        self._accepted_at: dict[Connection, float] = {}
 
     # ------------------------------------------------------------------------------------------------
     # Lifecycle
@@ -61,7 +87,11 @@ class UserspaceTarget:
         if self._listener is not None:
             return self
         s = self.settings
-        self.namespaces[1] = Namespace(1, s.capacity_bytes, s.lba_size, s.backing_path)
+        try:
+            self.namespaces[1] = Namespace(1, s.capacity_bytes, s.lba_size, s.backing_path)
+        except (OSError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise BackingError(f"cannot use {s.backing_path or 'RAM'} as the namespace backing: {why}") from None
         self._retired[1] = IoCounters()
         family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
         lst = socket.socket(family, socket.SOCK_STREAM)
@@ -144,15 +174,31 @@ class UserspaceTarget:
     # Threads
 
     def _accept_loop(self) -> None:
+        """Accept until stopped. Running out of descriptors, buffers or threads is survived: the error is
+        counted, the loop sleeps (doubling up to 0.5 s) and tries again. Past ``max_connections`` a new
+        connection is closed at once."""
         lst = self._listener
         assert lst is not None
+        backoff = 0.0
         while not self._stopping.is_set():
             try:
                 sock, peer = lst.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                break
+            except OSError as e:
+                if self._stopping.is_set() or e.errno not in TRANSIENT_ACCEPT_ERRNOS:
+                    break
+                backoff = self._accept_failed(f"accept: {e.strerror or e}", backoff)
+                continue
+            backoff = 0.0
+            with self._lock:
+                full = len(self._conns) >= self.settings.max_connections
+            if full:
+                self.listener_counters.refused_connections += 1
+                log.warning("connection from %s refused: %d connections open (max_connections)", peer,
+                            self.settings.max_connections)
+                sock.close()
+                continue
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn = Connection(self, sock, peer)
@@ -166,11 +212,28 @@ class UserspaceTarget:
                     sock.close()
                     break
                 self._conns.add(conn)
-            th.start()
+                self._accepted_at[conn] = time.monotonic()
+            try:
+                th.start()
+            except RuntimeError as e:  # "can't start new thread"
+                with self._lock:
+                    self._conns.discard(conn)
+                    self._accepted_at.pop(conn, None)
+                sock.close()
+                backoff = self._accept_failed(f"cannot start a connection thread: {e}", backoff)
+
+    def _accept_failed(self, why: str, backoff: float) -> float:
+        """Count one failed accept, sleep, and return the next back-off."""
+        self.listener_counters.accept_errors += 1
+        backoff = min(max(backoff * 2, ACCEPT_BACKOFF_S[0]), ACCEPT_BACKOFF_S[1])
+        log.warning("%s; retrying in %.3f s", why, backoff)
+        self._stopping.wait(backoff)
+        return backoff
 
     def _housekeeping(self) -> None:
         while not self._stopping.wait(HOUSEKEEPING_PERIOD_S):
             now = time.monotonic()
+            self._expire_handshakes(now)
             with self._lock:
                 ctrls = list(self._controllers.values())
             for ctrl in ctrls:
@@ -178,6 +241,22 @@ class UserspaceTarget:
                     log.info("controller %d: keep-alive timeout (%d ms)", ctrl.cntlid, ctrl.kato_ms)
                     ctrl.csts |= CSTS_CFS  # nvmet_ctrl_fatal_error
                     self._teardown(ctrl)
+
+    def _expire_handshakes(self, now: float) -> None:
+        """Close connections that have not sent ICReq and a Fabrics Connect within the deadline."""
+        limit = self.settings.handshake_timeout_s
+        if not limit:
+            return
+        with self._lock:
+            for conn in [c for c in self._accepted_at if c.qid >= 0]:  # connected: off the watch list
+                del self._accepted_at[conn]
+            late = [c for c, t in self._accepted_at.items() if now - t > limit]
+            for conn in late:
+                del self._accepted_at[conn]
+        for conn in late:
+            self.listener_counters.handshake_timeouts += 1
+            log.info("connection %s: no ICReq/Connect within %.1f s; closed", conn.peer, limit)
+            conn.shutdown()
 
     # ------------------------------------------------------------------------------------------------
     # I/O worker processes (used by connections and by the workers' link)
@@ -253,6 +332,7 @@ class UserspaceTarget:
     def _connection_gone(self, conn: Connection) -> None:
         with self._lock:
             self._conns.discard(conn)
+            self._accepted_at.pop(conn, None)
             if conn.qid > 0:
                 self._retired.setdefault(1, IoCounters()).add(conn.counters)
         ctrl = conn.ctrl
@@ -324,4 +404,5 @@ class UserspaceTarget:
             "queues": sorted(queues, key=lambda d: (d["cntlid"], d["qid"])),
             "controllers": [C.counters_snapshot(c) for c in ctrls],
             "connections": len(self._conns),
+            "listener": self.listener_counters.as_dict(),
         }

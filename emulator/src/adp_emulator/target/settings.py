@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adp_wire.constants import DISCOVERY_NQN
 from adp_wire.structs import check_nqn
+
+from ..sizes import parse_size
+
+__all__ = ["ADMIN_IN_CAPSULE", "DEFAULT_SUBNQN", "MAX_IN_CAPSULE", "TargetSettings", "parse_size",
+           "settings_from_config"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from adp_emulator.config import NvmetConfig
@@ -18,19 +22,16 @@ DEFAULT_SUBNQN = "nqn.2026-11.io.awide:adp-kv"
 #: In-capsule limit for the admin queue and for Fabrics commands on any queue: the Linux host
 #: uses a fixed 8192 bytes there whatever IOCCSZ says (drivers/nvme/host/tcp.c, notes §1.5).
 ADMIN_IN_CAPSULE = 8192
+#: Largest in-capsule data size offered (IOCCSZ); a larger MDTS sends the rest of a write by R2T.
+MAX_IN_CAPSULE = 16 << 20
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
-
-def parse_size(text: str | int) -> int:
-    """Parse ``4096``, ``128K``, ``1G``, ``2MiB`` (binary units) into bytes."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"not a size: {text!r}")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+def check_nqn_format(nqn: str) -> str:
+    """An NQN as the spec writes them: ``nqn.`` first, printable ASCII without blanks, at most 223 bytes."""
+    check_nqn(nqn)
+    if not nqn.startswith("nqn.") or any(c.isspace() for c in nqn):
+        raise ValueError(f"not an NQN (nqn.<yyyy-mm>.<reverse domain>:<name>, no blanks): {nqn!r}")
+    return nqn
 
 
 def _fail(name: str, msg: str) -> ValueError:
@@ -64,9 +65,9 @@ class TargetSettings:
     queue_depth: int = 128
     backing_path: str | None = None  # None = RAM
     allowed_hosts: list[str] = field(default_factory=list)
-    allow_any_host: bool | None = None  # None = allow any host only when listening on loopback
+    allow_any_host: bool | None = None  # None = any host only on loopback and without allowed_hosts
     # Writes up to this size travel in the command capsule and skip the R2T round trip (nvmet: 16 KiB).
-    # None = the MDTS, so every single-command write does.
+    # None = the MDTS (at most MAX_IN_CAPSULE), so every single-command write up to 16 MiB does.
     in_capsule_bytes: int | None = None
     maxh2cdata: int = 128 * 1024
     require_data_digest: bool = False
@@ -76,10 +77,14 @@ class TargetSettings:
     keep_alive_default_ms: int = 120_000  # KATO applied when Connect carries 0 (0 = none)
     # Worker processes serving the I/O queues (0 = every queue in the target process); see target/workers.py.
     io_workers: int = 0
+    # Open TCP connections served at once; one more is closed as soon as it is accepted.
+    max_connections: int = 1024
+    # Seconds a new connection has to send ICReq and its Fabrics Connect, else it is closed (0 = no limit).
+    handshake_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.in_capsule_bytes is None and isinstance(self.mdts_bytes, int):
-            self.in_capsule_bytes = self.mdts_bytes
+            self.in_capsule_bytes = min(self.mdts_bytes, MAX_IN_CAPSULE)
         self.validate()
 
     def validate(self) -> None:
@@ -90,7 +95,7 @@ class TargetSettings:
             raise _fail("host", f"must be an IPv4/IPv6 address literal, got {self.host!r}") from None
         _int("port", self.port, 0, 65535)
         try:
-            check_nqn(self.subnqn)
+            check_nqn_format(self.subnqn)
         except (ValueError, AttributeError) as e:
             raise _fail("subnqn", str(e)) from None
         if self.subnqn == DISCOVERY_NQN:
@@ -112,12 +117,12 @@ class TargetSettings:
             raise _fail("allowed_hosts", "must be a list of host NQNs")
         for h in self.allowed_hosts:
             try:
-                check_nqn(h)
+                check_nqn_format(h)
             except (ValueError, AttributeError) as e:
                 raise _fail("allowed_hosts", str(e)) from None
         if self.allow_any_host not in (None, True, False):
             raise _fail("allow_any_host", f"must be None, True or False, got {self.allow_any_host!r}")
-        _int("in_capsule_bytes", self.in_capsule_bytes, 0, 16 << 20)
+        _int("in_capsule_bytes", self.in_capsule_bytes, 0, MAX_IN_CAPSULE)
         if self.in_capsule_bytes % 16:
             raise _fail("in_capsule_bytes", "must be a multiple of 16 (IOCCSZ units)")
         _int("maxh2cdata", self.maxh2cdata, 4096, 16 << 20)
@@ -130,13 +135,18 @@ class TargetSettings:
         _ascii("firmware", self.firmware, 8)
         _int("keep_alive_default_ms", self.keep_alive_default_ms, 0, 0xFFFFFFFF)
         _int("io_workers", self.io_workers, 0, 256)
+        _int("max_connections", self.max_connections, 1, 1 << 20)
+        t = self.handshake_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 3600:
+            raise _fail("handshake_timeout_s", f"must be a number of seconds in [0, 3600], got {t!r}")
 
     # Derived values.
     @property
     def allow_any(self) -> bool:
-        """The effective allow-any switch (None means: only on a loopback listen address)."""
+        """The effective allow-any switch. None means: any host only on a loopback listen address and
+        only when no ``allowed_hosts`` are given (an explicit list is always enforced)."""
         if self.allow_any_host is None:
-            return ipaddress.ip_address(self.host).is_loopback
+            return not self.allowed_hosts and ipaddress.ip_address(self.host).is_loopback
         return self.allow_any_host
 
     @property

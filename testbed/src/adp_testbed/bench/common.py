@@ -23,8 +23,9 @@ from typing import Any
 
 from adp_connector.vllm.config import ConfigError, parse_config
 
+from .. import options as O
 from ..sizes import parse_size
-from ..targets import LocalTarget
+from ..targets import LocalTarget, connect_existing, namespace_contents
 from . import serve as SV
 from .presets import PRESETS, scenario_preset
 
@@ -41,22 +42,26 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                         "CPU tier of --offload-bytes)")
     p.add_argument("--offload-bytes", type=parse_size,
                    help="CPU tier of the cpu-offload arm (default: the preset's, the same as the card's capacity)")
-    p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); skips the local emulator")
-    p.add_argument("--nqn", help="subsystem NQN with --target (default: ask the discovery controller)")
-    p.add_argument("--target-workers", type=int, default=None, metavar="N",
+    p.add_argument("--target", type=O.target_address,
+                   help="ADDR:PORT of an existing target (a real card); skips the local emulator. Pages are saved "
+                        "into its page store; a namespace holding other data is refused unless --yes-destroy")
+    p.add_argument("--nqn", type=O.nqn, help="subsystem NQN with --target (default: ask the discovery controller)")
+    p.add_argument("--yes-destroy", action="store_true",
+                   help="with --target: let the connector format a namespace that holds data but no page store")
+    p.add_argument("--target-workers", type=O.int_in(0, 256), default=None, metavar="N",
                    help="I/O worker processes of the local emulator (adp-emulator serve --io-workers)")
     p.add_argument("--connector-opt", action="append", default=[], metavar="KEY=VALUE", type=connector_opt,
                    help="ADPConnector option for the adp arm (repeatable, e.g. --connector-opt load_processes=4; "
                         "names: docs/connector.md)")
     p.add_argument("--kv-cache-bytes", type=parse_size, help="device KV cache memory per engine (e.g. 16M, 24G)")
-    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-model-len", type=O.int_in(16, 1 << 24))
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
     p.add_argument("--vllm-python", help="interpreter with vLLM (default: this one, else .venv-vllm)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                    help="extra `vllm serve` argument for both arms (repeatable, e.g. --engine-arg=--block-size=16)")
-    p.add_argument("--out", help="directory for results.json, the report and engine logs "
+    p.add_argument("--out", type=O.path, help="directory for results.json, the report and engine logs "
                                  "(default bench-results/<scenario>-<time>)")
-    p.add_argument("--json", help="also write the results JSON here")
+    p.add_argument("--json", type=O.path, help="also write the results JSON here")
     p.add_argument("--no-report", action="store_true", help="skip the Markdown/PNG report")
 
 
@@ -146,6 +151,7 @@ class Run:
         opts = dict(self.args.connector_opt)
         if self.args.target:
             host, _, port = self.args.target.rpartition(":")
+            self._check_card(host, int(port))
             yield SV.connector_config(host, int(port), self.args.nqn, namespace_extra=self.run_id, **opts), \
                 f"external {self.args.target} {self.args.nqn or '(discovery)'}"
             return
@@ -161,6 +167,16 @@ class Run:
                     f"local emulator {t.traddr}:{t.trsvcid} {t.subnqn} (file-backed{workers})"
             finally:
                 self.card = None
+
+    def _check_card(self, host: str, port: int) -> None:
+        """The connector formats a namespace without a page store: refuse one that holds other data."""
+        from ..targets import TargetError
+
+        with connect_existing(host, port, self.args.nqn, io_queues=1) as ctrl:  # type: ignore[attr-defined]
+            found = namespace_contents(ctrl)
+        if found == "data" and not getattr(self.args, "yes_destroy", False):
+            raise TargetError(f"testbed bench {self.scenario}: the namespace of {host}:{port} holds data but no page "
+                              f"store; the connector would format it. Pass --yes-destroy to go ahead")
 
     def run_arms(self, body: Callable[[str, dict[str, Any] | None], dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """``body(arm, kv_transfer)`` for each requested arm; a failing arm is reported, not fatal."""

@@ -18,15 +18,19 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 
-from adp_connector.nvmeof.host import Controller, HostConfig
+from adp_connector.nvmeof.host import Controller
 
-from ..sizes import format_size, parse_size
-from ..targets import LocalTarget
+from .. import options as O
+from ..sizes import format_size, parse_size, size_list
+from ..targets import LocalTarget, connect_existing, refuse_to_destroy
 from .stream import StreamServer
 
+PATTERNS = ("seq", "rand")
+OPS = ("read", "write")
 PRESETS = {
     "quick": dict(sizes=["128K", "1M", "4M"], queues=[1, 2], depths=[1, 16], patterns=["seq"],
                   ops=["read", "write"], seconds=0.5),
@@ -55,25 +59,32 @@ class Row:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
-    p.add_argument("--sizes", help="comma-separated request sizes (e.g. 64K,1M)")
-    p.add_argument("--queues", help="comma-separated I/O queue counts")
-    p.add_argument("--depths", help="comma-separated outstanding-request counts")
-    p.add_argument("--patterns", help="seq,rand")
-    p.add_argument("--ops", help="read,write")
-    p.add_argument("--seconds", type=float, help="time per point")
+    p.add_argument("--sizes", type=size_list, help="comma-separated request sizes (e.g. 64K,1M)")
+    p.add_argument("--queues", type=O.list_of(O.int_in(1, 128), "I/O queue counts (1-128)"),
+                   help="comma-separated I/O queue counts")
+    p.add_argument("--depths", type=O.list_of(O.int_in(1, 128), "outstanding-request counts (1-128)"),
+                   help="comma-separated outstanding-request counts")
+    p.add_argument("--patterns", type=O.choice_list(PATTERNS), help="seq,rand")
+    p.add_argument("--ops", type=O.choice_list(OPS), help="read,write")
+    p.add_argument("--seconds", type=O.seconds, help="time per point")
     p.add_argument("--working-set", type=parse_size, default=parse_size("256M"), help="bytes of the namespace used")
-    p.add_argument("--mdts", default="128K", help="emulator MDTS, comma-separated for several targets (local only)")
-    p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); skips the local emulator")
-    p.add_argument("--nqn", help="subsystem NQN with --target (default: ask the discovery controller)")
-    p.add_argument("--target-workers", default="0",
+    p.add_argument("--mdts", type=size_list, default=size_list("128K"),
+                   help="emulator MDTS, comma-separated for several targets (local only)")
+    p.add_argument("--target", type=O.target_address,
+                   help="ADDR:PORT of an existing target (a real card); skips the local emulator. The benchmark "
+                        "WRITES to it: a namespace holding data or a page store is refused unless --yes-destroy")
+    p.add_argument("--nqn", type=O.nqn, help="subsystem NQN with --target (default: ask the discovery controller)")
+    p.add_argument("--yes-destroy", action="store_true",
+                   help="with --target: overwrite the namespace even if it holds data or a page store")
+    p.add_argument("--target-workers", type=O.list_of(O.int_in(0, 256), "worker counts (0-256)"), default=[0],
                    help="emulator I/O worker processes, comma-separated for several targets (local only)")
     p.add_argument("--into", choices=["host", "pinned", "gpu"], default="host",
                    help="where reads land: plain host memory, page-locked memory, or on into GPU memory")
-    p.add_argument("--json", help="write results to this file")
+    p.add_argument("--json", type=O.path, help="write results to this file")
 
 
-def _list(text: str | None, default: list, conv=str) -> list:
-    return [conv(x) for x in text.split(",")] if text else [conv(x) for x in default]
+def _list(value: list | None, default: list, conv=str) -> list:
+    return list(value) if value else [conv(x) for x in default]
 
 
 class _GpuSink:
@@ -159,15 +170,17 @@ def main(args: argparse.Namespace) -> int:
     ws = args.working_set
     rows: list[Row] = []
     ceilings: dict[tuple[str, int, int], float] = {}
-    mdts_list = [0] if args.target else _list(args.mdts, [], parse_size)
-    workers_list = [0] if args.target else _list(args.target_workers, [0], int)
+    mdts_list = [0] if args.target else list(args.mdts)
+    workers_list = [0] if args.target else list(args.target_workers)
     point = dict(queues=queues, ops=ops, sizes=sizes, patterns=patterns, depths=depths, seconds=seconds, ws=ws,
                  into=args.into)
     with StreamServer("127.0.0.1") as stream:
         for mdts in mdts_list:
             if args.target:
                 host, _, port = args.target.rpartition(":")
-                _run_target(host, int(port), args.nqn, 0, 0, stream, ceilings, rows, **point)
+                _run_target(host, int(port), args.nqn, 0, 0, stream, ceilings, rows, **point,
+                            guard=lambda ctrl, where: refuse_to_destroy(ctrl, where, "testbed bench datapath",
+                                                                        args.yes_destroy))
                 continue
             for nw in workers_list:
                 with LocalTarget(capacity=max(ws * 2, 1 << 30), mdts=mdts, io_workers=nw) as got:
@@ -183,10 +196,13 @@ def main(args: argparse.Namespace) -> int:
 
 def _run_target(addr: str, port: int, nqn: str | None, mdts: int, workers: int, stream: StreamServer,
                 ceilings: dict, rows: list[Row], *, queues: list[int], ops: list[str], sizes: list[int],
-                patterns: list[str], depths: list[int], seconds: float, ws: int, into: str) -> None:
+                patterns: list[str], depths: list[int], seconds: float, ws: int, into: str,
+                guard: Callable[[Controller, str], None] | None = None) -> None:
     for q in queues:
-        cfg = HostConfig(traddr=addr, trsvcid=port, subnqn=nqn, io_queues=q, queue_depth=128)
-        with Controller.connect(cfg) as ctrl:
+        with connect_existing(addr, port, nqn, io_queues=q, queue_depth=128) as ctrl:  # type: ignore[attr-defined]
+            if guard is not None:
+                guard(ctrl, f"{addr}:{port}")
+                guard = None  # checked once: the first pass writes
             ws_eff = min(ws, ctrl.capacity_bytes)
             if "read" in ops:  # make reads hit written data (never-written memory costs page faults)
                 fill = memoryview(bytearray(os.urandom(1 << 20)) * 4)

@@ -26,7 +26,7 @@ from adp_connector.store.keys import KeyNamespace
 from adp_connector.store.process import SharedArena, StoreGroup, StoreProcess
 
 from ..sizes import parse_size
-from ..targets import LocalTarget
+from ..targets import LocalTarget, refuse_to_overwrite_file
 from .stream import StreamServer
 
 
@@ -40,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slabs", type=int, default=32, help="batches in flight (staging = slabs x batch)")
     p.add_argument("--target-workers", default="0", help="emulator I/O worker processes, comma-separated")
     p.add_argument("--mdts", default="1M", help="emulator MDTS, comma-separated for several targets")
-    p.add_argument("--backing", help="file backing the card (default: RAM)")
+    p.add_argument("--backing", help="file backing the card (default: RAM); it is FORMATTED, so a file holding "
+                                     "data is refused unless --yes-destroy")
+    p.add_argument("--yes-destroy", action="store_true", help="with --backing: format a file that holds data")
     p.add_argument("--into", choices=["host", "gpu"], default="host")
     p.add_argument("--json", help="write results to this file")
 
@@ -138,6 +140,7 @@ def restore_point(group: StoreGroup | StoreProcess, arena: SharedArena, keys: li
 
 
 def main(args: argparse.Namespace) -> int:
+    refuse_to_overwrite_file(args.backing, "testbed bench restore-path", args.yes_destroy)
     page = args.page_size
     per_batch = max(1, (args.batch_mb << 20) // page)
     n_pages = max(per_batch, int(args.gb * 1e9) // page)

@@ -73,7 +73,9 @@ def vllm_python(explicit: str | None = None) -> str | None:
 
 
 def models_cache() -> Path:
-    return Path(os.environ.get("ADP_KV_CACHE", str(Path.home() / ".cache" / "adp-kv"))) / "models"
+    from adp_emulator.paths import cache_dir
+
+    return cache_dir() / "models"
 
 
 def resolve_model(model: str, python: str) -> str:

@@ -5,27 +5,34 @@ from __future__ import annotations
 import argparse
 import json
 
-from adp_connector.nvmeof.host import Controller, HostConfig
 from adp_connector.store.bench import run_benchmark
 
-from ..sizes import format_size, parse_size
-from ..targets import LocalTarget
+from .. import options as O
+from ..sizes import format_size, parse_size, size_list
+from ..targets import LocalTarget, connect_existing, refuse_to_destroy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=parse_size, default=parse_size("2M"), help="bytes per KV page")
-    p.add_argument("--pages", type=int, default=64)
-    p.add_argument("--batch", type=int, default=16, help="pages per save/load batch")
-    p.add_argument("--queues", type=int, default=4)
-    p.add_argument("--mdts", default="128K", help="emulator MDTS, comma-separated for several runs")
-    p.add_argument("--target", help="ADDR:PORT of an existing target (a real card); its namespace is FORMATTED")
-    p.add_argument("--nqn", help="subsystem NQN with --target")
-    p.add_argument("--json", help="write results to this file")
+    p.add_argument("--pages", type=O.int_in(1, 1 << 20), default=64)
+    p.add_argument("--batch", type=O.int_in(1, 4096), default=16, help="pages per save/load batch")
+    p.add_argument("--queues", type=O.int_in(1, 128), default=4)
+    p.add_argument("--mdts", type=size_list, default=size_list("128K"),
+                   help="emulator MDTS, comma-separated for several runs")
+    p.add_argument("--target", type=O.target_address,
+                   help="ADDR:PORT of an existing target (a real card); its namespace is FORMATTED, so a namespace "
+                        "holding data or a page store is refused unless --yes-destroy")
+    p.add_argument("--nqn", type=O.nqn, help="subsystem NQN with --target")
+    p.add_argument("--yes-destroy", action="store_true",
+                   help="with --target: format the namespace even if it holds data or a page store")
+    p.add_argument("--json", type=O.path, help="write results to this file")
 
 
-def _one(addr: str, port: int, nqn: str | None, args: argparse.Namespace) -> dict:
-    cfg = HostConfig(traddr=addr, trsvcid=port, subnqn=nqn, io_queues=args.queues, queue_depth=64)
-    with Controller.connect(cfg) as ctrl:
+def _one(addr: str, port: int, nqn: str | None, args: argparse.Namespace, external: bool = False) -> dict:
+    ctrl = connect_existing(addr, port, nqn, io_queues=args.queues, queue_depth=64)
+    with ctrl:  # type: ignore[attr-defined]
+        if external:
+            refuse_to_destroy(ctrl, f"{addr}:{port}", "testbed bench store", args.yes_destroy)
         r = run_benchmark(ctrl, args.page_size, args.pages, args.batch)
         r["max_transfer"] = ctrl.max_transfer_bytes
     r["save_vs_raw_write"] = r["store_save_gbps"] / r["raw_write_gbps"]
@@ -37,9 +44,9 @@ def main(args: argparse.Namespace) -> int:
     results = []
     if args.target:
         host, _, port = args.target.rpartition(":")
-        results.append(_one(host, int(port), args.nqn, args))
+        results.append(_one(host, int(port), args.nqn, args, external=True))
     else:
-        for mdts in [parse_size(x) for x in args.mdts.split(",")]:
+        for mdts in args.mdts:
             need = args.page_size * args.pages * 3 + (256 << 20)
             with LocalTarget(capacity=need, mdts=mdts) as t:
                 results.append(_one(t.traddr, t.trsvcid, t.subnqn, args))
