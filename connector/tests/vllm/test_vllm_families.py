@@ -7,8 +7,6 @@ deeper module (test_vllm_dense_e2e.py). DSA cannot run on CPU: the harness must 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +17,7 @@ from adp_testbed import verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-sys.path.insert(0, str(Path(__file__).parent))
-import vllm_models as vm  # noqa: E402
+from adp_testbed import models as vm  # noqa: E402
 
 # vLLM 0.26 (the connector's legacy contract) serves no Mamba/GDN hybrids; these are refused at start-up
 LEGACY = vm.vllm_version() < (0, 32)

