@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 from adp_connector.vllm.config import ConfigError, parse_config
 
 from .. import options as O
+from ..hostinfo import host_info
 from ..sizes import parse_size
 from ..targets import LocalTarget, connect_existing, namespace_contents
 from . import serve as SV
@@ -208,7 +208,7 @@ class Run:
             "params": self.params,
             "engine": {**self.engine, "model": self.model, "vllm": SV.vllm_version(self.python),
                        "extra_args": list(self.args.engine_arg)},
-            "environment": {"host": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
+            "environment": {**host_info(),
                             "target": "external" if self.args.target else "local emulator",
                             "target_workers": self.args.target_workers},
             "connector_options": dict(self.args.connector_opt),
