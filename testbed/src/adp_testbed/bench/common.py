@@ -42,6 +42,9 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                         "CPU tier of --offload-bytes)")
     p.add_argument("--offload-bytes", type=parse_size,
                    help="CPU tier of the cpu-offload arm (default: the preset's, the same as the card's capacity)")
+    p.add_argument("--card-bytes", type=parse_size,
+                   help="capacity of the local emulated card of the adp arm (default: the preset's); give it and "
+                        "--offload-bytes the same value for an equal-budget comparison")
     p.add_argument("--target", type=O.target_address,
                    help="ADDR:PORT of an existing target (a real card); skips the local emulator. Pages are saved "
                         "into its page store; a namespace holding other data is refused unless --yes-destroy")
@@ -157,7 +160,7 @@ class Run:
             return
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="adp-bench-card-"))
-            t = stack.enter_context(LocalTarget(capacity=self.settings["target_capacity_bytes"],
+            t = stack.enter_context(LocalTarget(capacity=self.args.card_bytes or self.settings["target_capacity_bytes"],
                                                 backing=str(Path(tmp) / "card.img"),
                                                 io_workers=self.args.target_workers))
             workers = f", {self.args.target_workers} I/O workers" if self.args.target_workers else ""
@@ -212,6 +215,9 @@ class Run:
                             "target": "external" if self.args.target else "local emulator",
                             "target_workers": self.args.target_workers},
             "connector_options": dict(self.args.connector_opt),
+            "budgets": {"card_bytes": None if self.args.target else
+                        self.args.card_bytes or self.settings["target_capacity_bytes"],
+                        "offload_cpu_bytes": self.args.offload_bytes or self.settings["offload_cpu_bytes"]},
             "arms": arms, **(extra or {}), "wall_s": round(time.monotonic() - self.t0, 1),
         }
         text = json.dumps(result, indent=1)
