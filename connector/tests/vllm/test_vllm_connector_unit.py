@@ -79,9 +79,9 @@ def _save(worker: ADPConnector, meta: Any) -> None:
     worker.wait_for_save()
     worker.clear_connector_metadata()
     deadline = time.monotonic() + 20
-    while worker._pending_save_bytes and time.monotonic() < deadline:  # staged, queued or being written
+    while worker.worker_side.saves.pending_bytes and time.monotonic() < deadline:  # staged, queued or being written
         time.sleep(0.02)
-    assert not worker._pending_save_bytes and not worker._save_handles
+    assert not worker.worker_side.saves.pending_bytes and not worker.worker_side.saves.handles
 
 
 def _cold_save(sched: ADPConnector, worker: ADPConnector) -> list[bytes]:
@@ -147,7 +147,7 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
     r3 = _offered(sched, "r3", hashes, 13, [9, 10, 11, 12], hit=12)
     res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r3")
     assert res.failed_recving == {"r3"}
-    assert worker._stats["verify_failures"] >= 1 and worker._stats["load_fallbacks"] == 1
+    assert worker.counters["verify_failures"] >= 1 and worker.counters["load_fallbacks"] == 1
     sched.update_connector_output(SimpleNamespace(failed_recving={"r3"}, finished_recving={"r3"}))
     assert sched.get_num_new_matched_tokens(r3, 0) == (0, False)  # recompute, no loop
     meta = sched.build_connector_meta(_sched_out("r3", 13, [9, 10, 11, 12]))
@@ -213,7 +213,7 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
         assert [b for _, b, _ in meta.saves] == [3]
         _save(worker, meta)
         sched.request_finished(r1, [1, 2, 3, 4])
-        assert sched._tables.get_block_ids("r1") is None  # forgotten with the request
+        assert sched.scheduler_side.tables.get_block_ids("r1") is None  # forgotten with the request
         sched.link.store.refresh()
         # warm restore, then a corrupted page
         _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
@@ -282,7 +282,7 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
     try:
         kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
         worker.register_kv_caches(kv)
-        assert worker._pool is not None and worker._pool.slab_bytes == 512
+        assert worker.worker_side.pool is not None and worker.worker_side.pool.slab_bytes == 512
         hashes = [bytes([i]) * 32 for i in range(5)]
         r1 = _request("r1", hashes, 21)
         sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 0)
@@ -294,7 +294,7 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
         _offered(sched, "r2", hashes, 21, [7, 8, 9, 10, 11, 12], hit=20)
         worker.bind_connector_metadata(sched.build_connector_meta(_sched_out("none", 0, [])))
         worker.start_load_kv(None)
-        assert [len(ch.idxs) for ch in worker._jobs[0].chunks] == [2, 2, 1]
+        assert [len(ch.idxs) for ch in worker.worker_side.restores.jobs[0].chunks] == [2, 2, 1]
         res = None
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -306,7 +306,7 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
         worker.clear_connector_metadata()
         for n in LAYERS:
             assert torch.equal(kv[n][7:12], kv[n][1:6])
-        assert worker._pool.allocated_bytes <= 3 * 512 and worker._pool.temporary == 0
+        assert worker.worker_side.pool.allocated_bytes <= 3 * 512 and worker.worker_side.pool.temporary == 0
     finally:
         worker.shutdown()
         sched.shutdown()
@@ -360,7 +360,7 @@ def test_tensor_parallel_ranks_keep_their_own_pages(monkeypatch: pytest.MonkeyPa
         for w in (sched, *workers):
             w.link.store.refresh()
         for w in workers:  # scramble the restore targets first
-            for t in w._kv[0]:
+            for t in w.worker_side.kv.rows[0]:
                 t[1][5:8] = 0
         _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
         meta = sched.build_connector_meta(_sched_out("none", 0, []))
@@ -387,8 +387,8 @@ def test_restore_into_a_strided_kv_layout() -> None:
         kv = {n: t.permute(0, 2, 1, 3) for n, t in phys.items()}  # logical (B, H, N, D): t[0] not contiguous
         assert not kv[LAYERS[0]][0].is_contiguous()
         worker.register_kv_caches(kv)
-        pages = worker._gather(0, [1, 2, 3])
-        worker._scatter(0, [9, 10, 11], pages)
+        pages = worker.worker_side.kv.gather(0, [1, 2, 3])
+        worker.worker_side.kv.scatter(0, [9, 10, 11], pages)
         for n in LAYERS:
             assert torch.equal(kv[n][9:12], kv[n][1:4]) and torch.equal(phys[n][9:12], phys[n][1:4])
     finally:
@@ -426,7 +426,7 @@ def test_a_dead_store_process_fails_its_restore_and_is_replaced(load_processes: 
                 break
             time.sleep(0.02)
         worker.clear_connector_metadata()
-        assert res.failed_recving == {"r2"} and worker._stats["load_fallbacks"] == 1
+        assert res.failed_recving == {"r2"} and worker.counters["load_fallbacks"] == 1
         tgt.faults.set_delay(0.0)
         second = worker.link.wait_ready(20)
         assert isinstance(second, kind) and second is not first and second.alive
@@ -460,7 +460,7 @@ def test_gpu_pages_cross_on_side_streams(io_process: bool) -> None:
         phys = {n: torch.randn(16, BS, 2, 8, device="cuda").to(torch.bfloat16) for n in LAYERS}
         kv = {n: t.permute(0, 2, 1, 3) for n, t in phys.items()}
         worker.register_kv_caches(kv)
-        assert worker._pool is not None and worker._pool.pinned
+        assert worker.worker_side.pool is not None and worker.worker_side.pool.pinned
         keys = [bytes([i]) * 32 for i in (1, 2, 3)]
         expected = {n: kv[n][1:4].clone() for n in LAYERS}
         torch.cuda._sleep(200_000_000)  # keep the compute stream busy: the gather and copy must queue behind it
@@ -470,9 +470,9 @@ def test_gpu_pages_cross_on_side_streams(io_process: bool) -> None:
             kv[n][1:4] = 0  # queued after the gather on the compute stream: the saved pages must not see it
         worker.clear_connector_metadata()
         deadline = time.monotonic() + 20
-        while worker._pending_save_bytes and time.monotonic() < deadline:
+        while worker.worker_side.saves.pending_bytes and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not worker._pending_save_bytes and worker._stats["pages_saved"] == 3
+        assert not worker.worker_side.saves.pending_bytes and worker.counters["pages_saved"] == 3
         res = _restore(worker, ADPMetadata(loads={"r": [(0, b, k) for b, k in zip((5, 6, 7), keys, strict=True)]}),
                        "r")
         assert not res.failed_recving
@@ -502,29 +502,30 @@ def test_a_restore_larger_than_the_staging_memory_streams_through_it(monkeypatch
     try:
         kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
         worker.register_kv_caches(kv)
-        assert worker._pool is not None and worker._pool.max_slabs == 1 and worker._pool.slab_bytes == 512
+        pool = worker.worker_side.pool
+        assert pool is not None and pool.max_slabs == 1 and pool.slab_bytes == 512
         hashes = [bytes([i]) * 32 for i in range(3)]
         r1 = _request("r1", hashes, 13)
         sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
         _save(worker, sched.build_connector_meta(_sched_out("r1", 8, [1, 2, 3, 4])))  # two prefill chunks
         r1.num_computed_tokens = 8
         _save(worker, sched.build_connector_meta(_sched_out("r1", 5, [1, 2, 3, 4])))
-        assert worker._stats["pages_saved"] == 3
+        assert worker.counters["pages_saved"] == 3
         sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
         sched.link.store.refresh()
         _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
         res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r2")
-        assert not res.failed_recving and worker._stats["pages_loaded"] == 3  # two batches through one slab
+        assert not res.failed_recving and worker.counters["pages_loaded"] == 3  # two batches through one slab
         for n in LAYERS:
             assert torch.equal(kv[n][5:8], kv[n][1:4])
-        assert worker._pool.temporary == 0
+        assert worker.worker_side.pool.temporary == 0
         if io_process:
-            held = worker._pool.take(1)  # every slab busy: a save has nowhere to stage
+            held = worker.worker_side.pool.take(1)  # every slab busy: a save has nowhere to stage
             worker.bind_connector_metadata(conn.ADPMetadata(saves=[(0, 9, b"z" * 32)]))
             worker.wait_for_save()
             worker.clear_connector_metadata()
-            assert worker._stats["saves_dropped"] == 1 and worker._pending_save_bytes == 0
-            worker._pool.give(held)
+            assert worker.counters["saves_dropped"] == 1 and worker.worker_side.saves.pending_bytes == 0
+            worker.worker_side.pool.give(held)
     finally:
         worker.shutdown()
         sched.shutdown()
@@ -541,13 +542,13 @@ def test_a_slab_still_being_read_into_returns_when_its_batch_completes() -> None
     tgt, sched, worker = _target_and_halves(io_process=False)
     try:
         worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
-        pool = worker._pool
+        pool = worker.worker_side.pool
         assert pool is not None
         slab = pool.take(1)
         busy = BatchHandle("load", 1)
         job = _LoadJob("r", [(0, 1, b"k" * 32)], [], time.monotonic(), failed="timed out")
         job.chunks = [_LoadChunk(0, [0], buf=slab, handle=busy)]
-        worker._release(job)
+        worker.worker_side.restores.release(job)
         assert all(f.data_ptr() != slab.data_ptr() for f in pool._free)  # not reusable yet
         busy._set([PageResult(b"k" * 32, PageStatus.OK, 128)])
         assert any(f.data_ptr() == slab.data_ptr() for f in pool._free)  # back once the batch is done
