@@ -556,3 +556,83 @@ def test_a_slab_still_being_read_into_returns_when_its_batch_completes() -> None
         worker.shutdown()
         sched.shutdown()
         tgt.stop()
+
+
+def _restore_pages(worker: ADPConnector, rid: str, pages: list[tuple[int, int, bytes]]) -> Any:
+    from adp_connector.vllm.connector import ADPMetadata
+
+    return _restore(worker, ADPMetadata(loads={rid: pages}), rid)
+
+
+@native_contract
+def test_a_failed_restore_names_its_cause(caplog: pytest.LogCaptureFixture) -> None:
+    """Every failed restore's log line and a ``load_failed_<cause>`` counter name why: pages this worker committed
+    and then lost (evicted/discarded), pages whose save was dropped (never committed), pages nobody here saved (not
+    indexed). No empty detail. The control: a restore of pages that are there fails with no cause counted."""
+    import logging
+
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = _cold_save(sched, worker)
+        _offered(sched, "ok", hashes, 13, [5, 6, 7, 8], hit=12)  # control: present pages restore
+        assert not _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "ok").failed_recving
+        assert not any(k.startswith("load_failed_") for k in worker.counters.interval)
+        # evicted: the worker's store loses its pages after the scheduler's index last saw them
+        assert worker.link.store.discard(list(sched.link.store.indexed_keys())) == 3
+        _offered(sched, "gone", hashes, 13, [9, 10, 11, 12], hit=12)  # the scheduler's index is 1 refresh behind
+        caplog.set_level(logging.WARNING, logger="vllm.adp_kv")
+        res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "gone")
+        assert res.failed_recving == {"gone"} and worker.counters["load_failed_evicted"] == 1
+        line = next(r.getMessage() for r in caplog.records if "restore of gone failed" in r.getMessage())
+        assert "evicted: 3/3 page(s) not restored" in line and "committed by this worker" in line
+        assert "(missing: )" not in line
+        # never committed: a save dropped for want of room, then asked for
+        worker.worker_side.saves.max_pending_bytes = 0
+        worker.bind_connector_metadata(conn_meta(saves=[(0, 1, b"d" * 32)]))
+        worker.wait_for_save()
+        worker.clear_connector_metadata()
+        assert worker.counters["saves_dropped"] == 1
+        assert _restore_pages(worker, "dropped", [(0, 2, b"d" * 32)]).failed_recving == {"dropped"}
+        assert worker.counters["load_failed_never_committed"] == 1
+        # not indexed: a key no writer here ever saved
+        assert _restore_pages(worker, "unknown", [(0, 3, b"u" * 32)]).failed_recving == {"unknown"}
+        assert worker.counters["load_failed_not_indexed"] == 1
+        msgs = [r.getMessage() for r in caplog.records if "failed (" in r.getMessage()]
+        assert len(msgs) == 3 and all("never_committed: " in m or "not_indexed: " in m or "evicted: " in m
+                                      for m in msgs)
+        assert worker.counters["load_fallbacks"] == 3
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+def conn_meta(**kw: Any) -> Any:
+    from adp_connector.vllm.connector import ADPMetadata
+
+    return ADPMetadata(**kw)
+
+
+def test_failure_causes_are_exported_with_a_cause_label() -> None:
+    """``vllm:adp_kv_load_failures{cause=...}`` counts each cause of the interval's counters (prometheus_client)."""
+    import functools
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from adp_connector.vllm.stats import ADPConnectorStats, ADPPromMetrics
+
+    reg = CollectorRegistry()
+    types = {Counter: functools.partial(Counter, registry=reg), Gauge: functools.partial(Gauge, registry=reg),
+             Histogram: functools.partial(Histogram, registry=reg)}
+    prom = ADPPromMetrics(SimpleNamespace(kv_transfer_config=None), types, ["engine"], {0: ["0"]})
+    stats = ADPConnectorStats(data={"load_fallbacks": 3, "load_failed_evicted": 2, "load_failed_timed_out": 1})
+    assert stats.reduce()["load_failed_evicted"] == 2
+    prom.observe(stats.data, 0)
+
+    def value(cause: str) -> float | None:
+        return reg.get_sample_value("vllm:adp_kv_load_failures_total", {"engine": "0", "cause": cause})
+
+    assert (value("evicted"), value("timed_out"), value("verify_failed")) == (2.0, 1.0, 0.0)
+    assert reg.get_sample_value("vllm:adp_kv_load_fallbacks_total", {"engine": "0"}) == 3.0

@@ -8,11 +8,24 @@ Torch is the only dependency above the store; ``adp_connector.vllm`` drives thes
 from .audit import PageAudit
 from .counters import Counters
 from .pages import PagedKV, PageSink
-from .restore import LoadChunk, LoadJob, RestorePipeline
-from .save import SavePipeline
+from .restore import Cause, LoadChunk, LoadJob, RestorePipeline, failure_counter
+from .save import SaveLedger, SavePipeline
 from .staging import StagingPool
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 
-__all__ = ["Counters", "LoadChunk", "LoadJob", "PageAudit", "PageRef", "PageSink", "PagedKV", "RestorePipeline",
-           "SavePipeline", "StagingPool"]
+__all__ = [
+           "Cause",
+           "Counters",
+           "LoadChunk",
+           "LoadJob",
+           "PageAudit",
+           "PageRef",
+           "PageSink",
+           "PagedKV",
+           "RestorePipeline",
+           "SaveLedger",
+           "SavePipeline",
+           "StagingPool",
+           "failure_counter",
+]

@@ -12,6 +12,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
@@ -21,11 +22,39 @@ from ..store.results import PageStatus
 from .audit import PageAudit
 from .counters import Counters
 from .pages import PageSink
+from .save import SaveLedger
 from .staging import StagingPool
 
 log = logging.getLogger("vllm.adp_kv.restore")
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
+
+
+class Cause(str, Enum):
+    """Why a restore failed (the ``cause`` label of ``vllm:adp_kv_load_failures``; docs/connector.md)."""
+
+    EVICTED = "evicted"                        # committed by this worker, gone from its store's index since
+    NEVER_COMMITTED = "never_committed"        # this worker's save of the page was dropped or failed
+    NOT_INDEXED = "not_indexed"                # not in the loading store's index (another writer's page, evicted
+    #                                            by it or not seen by this store's refresh yet)
+    REPLACED = "replaced"                      # the index entry was stale: its writer reused the slot
+    VERIFY_FAILED = "verify_failed"            # header or payload checksum mismatch
+    IO_ERROR = "io_error"                      # device / transport error on the read
+    HELPER_LOST = "helper_lost"                # the I/O helper process exited or its socket broke
+    TARGET_UNREACHABLE = "target_unreachable"  # no store (target down, helper being restarted)
+    TIMED_OUT = "timed_out"                    # pages still in flight at load_timeout_s
+    NO_STAGING = "no_staging"                  # timed out waiting for a free staging slab
+    NOT_PLANNED = "not_planned"                # the scheduler found nothing restorable (a needed block unhashed/null)
+    TP_KEY_MISSING = "tp_key_missing"          # TP > 1: a page's block hash did not reach this rank
+    CACHE_DISABLED = "cache_disabled"          # KV registration failed: the worker serves without the cache
+    SUBMIT_FAILED = "submit_failed"            # the store refused the batch
+
+
+FAILURE_COUNTER_PREFIX = "load_failed_"  # counters named load_failed_<cause>, exported with a cause label
+
+
+def failure_counter(cause: Cause) -> str:
+    return FAILURE_COUNTER_PREFIX + cause.value
 
 
 @dataclass
@@ -48,9 +77,16 @@ class LoadJob:
     pages: list[PageRef]
     zero: list[tuple[int, int]]
     t0: float
-    failed: str = ""
+    failed: str = ""  # '' or why it failed (the cause first; never just a status)
+    cause: Cause | None = None
     blocks: list[int] = field(default_factory=list)  # vLLM 0.26: reported as load errors if the restore fails
     chunks: list[LoadChunk] = field(default_factory=list)
+
+    def fail(self, cause: Cause, detail: str) -> None:
+        """Mark the job failed (the first failure wins)."""
+        if not self.failed:
+            self.cause = cause
+            self.failed = f"{cause.value}: {detail}"
 
 
 class RestorePipeline:
@@ -58,7 +94,7 @@ class RestorePipeline:
 
     def __init__(self, sink: PageSink, pool: StagingPool, page_bytes: dict[int, int], counters: Counters, *,
                  timeout_s: float, audit: PageAudit | None = None,
-                 discard_corrupt: bool = False) -> None:
+                 discard_corrupt: bool = False, ledger: SaveLedger | None = None) -> None:
         self.sink = sink
         self.pool = pool
         self.page_bytes = page_bytes
@@ -66,6 +102,7 @@ class RestorePipeline:
         self.timeout_s = timeout_s
         self.audit = audit
         self.discard_corrupt = discard_corrupt  # drop pages failing verification (our own copies) from the store
+        self.ledger = ledger  # this worker's recent save outcomes: tells an eviction from a save never committed
         self.jobs: list[LoadJob] = []
 
     def start(self, job: LoadJob, store: Store | None) -> None:
@@ -74,10 +111,10 @@ class RestorePipeline:
         if job.failed:
             return
         if store is None:
-            job.failed = "target unreachable"
+            job.fail(Cause.TARGET_UNREACHABLE, "no page store (target unreachable or I/O helper restarting)")
             return
         if not job.pages:
-            job.failed = "nothing restorable"
+            job.fail(Cause.NOT_PLANNED, "nothing restorable was planned")
             return
         by_group: dict[int, list[int]] = defaultdict(list)
         for i, (gid, _, _) in enumerate(job.pages):
@@ -104,7 +141,7 @@ class RestorePipeline:
             try:
                 ch.handle = store.load_batch([job.pages[i][2] for i in ch.idxs], [rows[j].numpy() for j in range(n)])
             except Exception as exc:
-                job.failed = f"{type(exc).__name__}: {exc}"
+                job.fail(_exception_cause(exc), f"submitting a batch: {type(exc).__name__}: {exc}")
 
     def poll(self, store: Store | None) -> list[LoadJob]:
         """Copy landed chunks into the KV cache, feed free slabs; return (and release) the finished jobs."""
@@ -116,14 +153,14 @@ class RestorePipeline:
                 if job.failed:
                     break
                 if not ch.applied and ch.handle is not None and ch.handle.done():
-                    job.failed = self._apply_chunk(job, ch, store)
+                    self._apply_chunk(job, ch, store)
                     ch.applied = True
                 if ch.applied and ch.buf is not None and (ch.copied is None or ch.copied.query()):
                     self.pool.give(ch.buf)  # in place: the slab takes the next batch
                     ch.buf = None
             if not job.failed and any(ch.handle is None for ch in job.chunks):
                 if store is None:
-                    job.failed = "target unreachable"
+                    job.fail(Cause.TARGET_UNREACHABLE, "the page store went away during the restore")
                 else:
                     self._feed(job, store)
             in_place = all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
@@ -131,12 +168,21 @@ class RestorePipeline:
                 if now - job.t0 < self.timeout_s:
                     keep.append(job)
                     continue
-                job.failed = f"timed out after {self.timeout_s} s"
+                waiting = sum(ch.handle is None for ch in job.chunks)
+                if waiting:
+                    job.fail(Cause.NO_STAGING, f"{waiting}/{len(job.chunks)} batch(es) still waiting for a staging "
+                             f"slab after {self.timeout_s} s (raise staging_mb)")
+                else:
+                    job.fail(Cause.TIMED_OUT, f"{sum(not ch.applied for ch in job.chunks)}/{len(job.chunks)} "
+                             f"batch(es) not landed after {self.timeout_s} s")
             if not job.failed:
                 for gid, bid in job.zero:
                     self.sink.zero(gid, bid)
             self.release(job)
-            self.counters.add(**({"load_fallbacks": 1} if job.failed else {"loads_ok": 1}))
+            if job.failed:
+                self.counters.add(**{"load_fallbacks": 1, failure_counter(job.cause or Cause.IO_ERROR): 1})
+            else:
+                self.counters.add(loads_ok=1)
             self.counters.add(loads=1, load_s=time.monotonic() - job.t0)
             done.append(job)
         self.jobs = keep
@@ -158,12 +204,13 @@ class RestorePipeline:
             ch.buf = None
         job.chunks = []
 
-    def _apply_chunk(self, job: LoadJob, ch: LoadChunk, store: Store | None) -> str:
-        """Check one landed chunk and copy it into the KV cache; return an error text ('' on success)."""
+    def _apply_chunk(self, job: LoadJob, ch: LoadChunk, store: Store | None) -> None:
+        """Check one landed chunk and copy it into the KV cache (or fail the job, naming the cause)."""
         try:
             res = ch.handle.wait(0)
         except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
+            job.fail(_exception_cause(exc), f"{type(exc).__name__}: {exc}")
+            return
         bad_keys = [r.key for r in res if r.status is PageStatus.VERIFY_FAILED]
         if bad_keys:
             self.counters.add(verify_failures=len(bad_keys))
@@ -174,7 +221,15 @@ class RestorePipeline:
                     log.warning("ADP KV: discarding %d corrupt page(s) failed: %s", len(bad_keys), exc)
         bad = [r for r in res if r.status is not PageStatus.OK]
         if bad:
-            return f"{len(bad)}/{len(res)} page(s) not restored ({bad[0].status.value}: {bad[0].detail})"
+            causes = [self.classify(r) for r in bad]
+            first_cause, first_detail = causes[0]
+            by_cause: dict[str, int] = defaultdict(int)
+            for c, _ in causes:
+                by_cause[c.value] += 1
+            mix = "" if len(by_cause) == 1 else " [" + ", ".join(f"{c} {n}" for c, n in by_cause.items()) + "]"
+            job.fail(first_cause, f"{len(bad)}/{len(res)} page(s) not restored{mix} (first: {bad[0].status.value}: "
+                     f"{first_detail})")
+            return
         pb = self.page_bytes[ch.gid]
         bids = [job.pages[i][1] for i in ch.idxs]
         assert ch.buf is not None
@@ -184,6 +239,29 @@ class RestorePipeline:
                 ch.copied.synchronize()
             self.audit.record("load", ch.gid, [job.pages[i][2] for i in ch.idxs], self.sink.gather(ch.gid, bids))
         self.counters.add(pages_loaded=len(res), bytes_loaded=sum(r.nbytes for r in res))
-        return ""
+
+    def classify(self, r: Any) -> tuple[Cause, str]:
+        """The cause of one page that was not restored, and a detail that is never empty."""
+        detail = r.detail or ""
+        if r.status is PageStatus.VERIFY_FAILED:
+            return Cause.VERIFY_FAILED, detail or "checksum mismatch"
+        if r.status is PageStatus.MISSING:
+            if detail.startswith("stale index entry"):
+                return Cause.REPLACED, detail
+            seen = self.ledger.get(bytes(r.key)) if self.ledger is not None else None
+            if seen is not None:
+                outcome, age = seen
+                if outcome == "committed":
+                    return Cause.EVICTED, (f"committed by this worker {age:.1f} s ago, no longer in its store's "
+                                           "index (evicted or discarded)" + (f"; {detail}" if detail else ""))
+                return Cause.NEVER_COMMITTED, f"this worker's save of it {outcome} {age:.1f} s ago"
+            return Cause.NOT_INDEXED, detail or ("not in the loading store's index (another writer's page, evicted "
+                                                 "since the scheduler's lookup, or not refreshed yet)")
+        if detail.startswith("store process"):
+            return Cause.HELPER_LOST, detail
+        return Cause.IO_ERROR, detail or f"status {r.status.value}"
 
 
+def _exception_cause(exc: BaseException) -> Cause:
+    """A batch that raised: a lost I/O helper, or the store refusing it."""
+    return Cause.HELPER_LOST if type(exc).__name__ == "StoreProcessError" else Cause.SUBMIT_FAILED

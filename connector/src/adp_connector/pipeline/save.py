@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 import torch
@@ -28,6 +28,31 @@ log = logging.getLogger("vllm.adp_kv.save")
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 D2H_INFLIGHT_BYTES = 1 << 30  # GPU memory of gathered save pages waiting for their device -> host copy
+
+
+class SaveLedger:
+    """The latest save outcome of recent keys ("committed", "dropped ...", "failed ..."), bounded, thread-safe:
+    lets a restore that finds a page missing tell an eviction from a save that never committed."""
+
+    def __init__(self, max_keys: int = 1 << 18) -> None:
+        self.max_keys = max_keys
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
+
+    def record(self, keys: list[bytes], outcome: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for k in keys:
+                self._seen[k] = (outcome, now)
+                self._seen.move_to_end(k)
+            while len(self._seen) > self.max_keys:
+                self._seen.popitem(last=False)
+
+    def get(self, key: bytes) -> tuple[str, float] | None:
+        """(outcome, seconds ago) of ``key``'s latest save here, or None if not seen (or forgotten)."""
+        with self._lock:
+            got = self._seen.get(key)
+        return None if got is None else (got[0], time.monotonic() - got[1])
 
 
 class SavePipeline:
@@ -51,6 +76,7 @@ class SavePipeline:
         self._lock = threading.Lock()
         self._failed_keys: list[bytes] = []
         self._origin: dict[bytes, bytes] = {}  # this rank's key -> the scheduler's, while saving
+        self.ledger = SaveLedger()
 
     def save(self, store: Store, gid: int, refs: list[PageRef], origin: dict[bytes, bytes]) -> None:
         """Save ``refs`` (one group) in slab-sized batches; ``origin`` maps keys to the name failures report."""
@@ -70,11 +96,13 @@ class SavePipeline:
         with self._lock:
             if self.pending_bytes + nbytes > self.max_pending_bytes:
                 self.counters.add(saves_dropped=len(refs))
+                self.ledger.record([k for _, _, k in refs], "was dropped (max_pending_save_mb in flight)")
                 return
             self.pending_bytes += nbytes
         buf = self.pool.take(nbytes, temporary=not self.slab_required or self.pool.max_slabs == 0)
         if buf is None:
             self.counters.add(saves_dropped=len(refs))
+            self.ledger.record([k for _, _, k in refs], "was dropped (no free staging slab)")
             with self._lock:
                 self.pending_bytes -= nbytes
             return
@@ -148,6 +176,7 @@ class SavePipeline:
 
     def _failed(self, refs: list[PageRef], buf: torch.Tensor, nbytes: int) -> None:
         self.counters.add(save_errors=len(refs))
+        self.ledger.record([k for _, _, k in refs], "failed before reaching the store")
         with self._lock:
             self.pending_bytes -= nbytes
         self.pool.give(buf)
@@ -159,6 +188,9 @@ class SavePipeline:
             res = []
         ok = [r for r in res if r.status is PageStatus.OK]
         bad = [r for r in res if r.status not in (PageStatus.OK, PageStatus.EXISTS)]
+        self.ledger.record([bytes(r.key) for r in ok], "committed")
+        for r in bad:
+            self.ledger.record([bytes(r.key)], f"failed ({r.status.value}{': ' + r.detail if r.detail else ''})")
         self.counters.add(saves=1, pages_saved=len(ok), bytes_saved=sum(r.nbytes for r in ok),
                           save_s=time.monotonic() - t0, save_errors=len(bad))
         with self._lock:

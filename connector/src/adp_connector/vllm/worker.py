@@ -15,7 +15,17 @@ from collections import defaultdict
 
 import torch
 
-from ..pipeline import Counters, LoadJob, PageAudit, PagedKV, RestorePipeline, SavePipeline, StagingPool
+from ..pipeline import (
+    Cause,
+    Counters,
+    LoadJob,
+    PageAudit,
+    PagedKV,
+    RestorePipeline,
+    SavePipeline,
+    StagingPool,
+    failure_counter,
+)
 from ..store.process import SharedArena
 from .backend import StoreLink
 from .compat import KVConnectorTransferResults
@@ -94,13 +104,13 @@ class WorkerSide:
         self.pool = StagingPool(slab, self.cfg.staging_mb << 20, pinned=bool(devs) and devs[0].type == "cuda",
                                 arena=arena)
         page_bytes = {g.group_id: g.page_bytes for g in self.layouts if g.persists}
-        self.restores = RestorePipeline(self.kv, self.pool, page_bytes, self.counters,
-                                        timeout_s=self.cfg.load_timeout_s, audit=self.audit,
-                                        discard_corrupt=self.cfg.save)
         # With the I/O helper a buffer outside the shared arena would cross its socket: drop the save instead.
         self.saves = SavePipeline(self.kv, self.pool, self.counters,
                                   max_pending_bytes=self.cfg.max_pending_save_mb << 20,
                                   slab_required=self.arena is not None, audit=self.audit)
+        self.restores = RestorePipeline(self.kv, self.pool, page_bytes, self.counters,
+                                        timeout_s=self.cfg.load_timeout_s, audit=self.audit,
+                                        discard_corrupt=self.cfg.save, ledger=self.saves.ledger)
 
     # ------------------------------------------------------------------ restores
 
@@ -112,11 +122,11 @@ class WorkerSide:
             pages = [(gid, bid, key) for gid, bid, key in mine if key is not None]
             job = LoadJob(rid, pages, meta.zero.get(rid, []), time.monotonic(), blocks=meta.load_blocks.get(rid, []))
             if len(pages) != len(planned):
-                job.failed = "a page's block hash is missing for this TP rank"
+                job.fail(Cause.TP_KEY_MISSING, "a page's block hash is missing for this TP rank")
             elif self.disabled:
-                job.failed = self.disabled
+                job.fail(Cause.CACHE_DISABLED, self.disabled)
             if self.restores is None:
-                job.failed = job.failed or "no KV caches registered"
+                job.fail(Cause.CACHE_DISABLED, "no KV caches registered")
                 self._unstarted.append(job)
                 continue
             self.restores.start(job, store)
@@ -138,7 +148,8 @@ class WorkerSide:
                     self._failed_load_reqs.append(job.req_id)
             log.warning("ADP KV: restore of %s failed (%s); the request recomputes", job.req_id, job.failed)
             if self.restores is None:
-                self.counters.add(load_fallbacks=1, loads=1, load_s=time.monotonic() - job.t0)
+                self.counters.add(**{"load_fallbacks": 1, "loads": 1, "load_s": time.monotonic() - job.t0,
+                                     failure_counter(job.cause or Cause.CACHE_DISABLED): 1})
         return out
 
     def get_block_ids_with_load_errors(self) -> set[int]:
