@@ -636,3 +636,76 @@ def test_failure_causes_are_exported_with_a_cause_label() -> None:
 
     assert (value("evicted"), value("timed_out"), value("verify_failed")) == (2.0, 1.0, 0.0)
     assert reg.get_sample_value("vllm:adp_kv_load_fallbacks_total", {"engine": "0"}) == 3.0
+
+
+@native_contract
+def test_only_committed_pages_are_offered() -> None:
+    """A page counts as stored once it is committed on the card: not while its save is in flight, never when
+    the save was dropped. The control: the same pages, committed, are offered."""
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        r1 = _request("r1", hashes, 13)
+        sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
+        # dropped: no room for saves in flight
+        worker.worker_side.saves.max_pending_bytes = 0
+        meta = sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4]))
+        assert len(meta.saves) == 3
+        _save(worker, meta)
+        assert worker.counters["saves_dropped"] == 3
+        sched.link.store.refresh()
+        assert sched.get_num_new_matched_tokens(_request("r2", hashes, 13), 0) == (0, False)
+        # in flight: planned and staged, the target slow to commit
+        worker.worker_side.saves.max_pending_bytes = 1 << 30
+        tgt.faults.set_delay(1.5)
+        worker.bind_connector_metadata(conn_meta(saves=meta.saves))
+        worker.wait_for_save()
+        worker.clear_connector_metadata()
+        time.sleep(0.3)
+        assert worker.worker_side.saves.pending_bytes  # not committed yet
+        sched.link.store.refresh()
+        assert sched.get_num_new_matched_tokens(_request("r3", hashes, 13), 0) == (0, False)
+        tgt.faults.set_delay(0.0)
+        deadline = time.monotonic() + 20
+        while worker.worker_side.saves.pending_bytes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert worker.counters["pages_saved"] == 3
+        sched.link.store.refresh()
+        assert sched.get_num_new_matched_tokens(_request("r4", hashes, 13), 0) == (12, True)  # control
+    finally:
+        tgt.faults.set_delay(0.0)
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@native_contract
+def test_a_page_found_gone_is_not_offered_again_and_is_saved_again() -> None:
+    """Pages the card lost after the scheduler's index saw them (evicted; here discarded by their writer) fail one
+    restore; the worker reports them, and until the index catches up the scheduler neither offers them to other
+    requests nor skips them as stored. The control: before the report, the stale index does offer them."""
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = _cold_save(sched, worker)
+        assert worker.link.store.discard(list(sched.link.store.indexed_keys())) == 3
+        _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
+        res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r2")
+        assert res.failed_recving == {"r2"}
+        r3 = _request("r3", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r3, 0) == (12, True)  # control: the stale index still lists them
+        wm = worker.build_connector_worker_meta()
+        assert wm is not None and len(wm.lost) == 3
+        sched.update_connector_output(SimpleNamespace(failed_recving={"r2"}, finished_recving={"r2"},
+                                                      kv_connector_worker_meta=wm))
+        assert sched.get_num_new_matched_tokens(r3, 0) == (0, False)  # not offered again
+        sched.update_state_after_alloc(r3, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 0)
+        meta = sched.build_connector_meta(_sched_out("r3", 13, [9, 10, 11, 12]))
+        assert [b for _, b, _ in meta.saves] == [9, 10, 11]  # saved again though the index lists them
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()

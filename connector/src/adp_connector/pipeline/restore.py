@@ -81,6 +81,7 @@ class LoadJob:
     cause: Cause | None = None
     blocks: list[int] = field(default_factory=list)  # vLLM 0.26: reported as load errors if the restore fails
     chunks: list[LoadChunk] = field(default_factory=list)
+    lost: list[bytes] = field(default_factory=list)  # keys the store did not have (missing, stale or corrupt)
 
     def fail(self, cause: Cause, detail: str) -> None:
         """Mark the job failed (the first failure wins)."""
@@ -220,6 +221,7 @@ class RestorePipeline:
                 except Exception as exc:
                     log.warning("ADP KV: discarding %d corrupt page(s) failed: %s", len(bad_keys), exc)
         bad = [r for r in res if r.status is not PageStatus.OK]
+        job.lost.extend(bytes(r.key) for r in bad if r.status in (PageStatus.MISSING, PageStatus.VERIFY_FAILED))
         if bad:
             causes = [self.classify(r) for r in bad]
             first_cause, first_detail = causes[0]

@@ -36,6 +36,7 @@ log = logging.getLogger("vllm.adp_kv.connector")
 
 RECENT_SAVES = 65536  # keys remembered as "being saved" until the store index shows them
 RECENT_SAVE_TTL_S = 10.0  # > a save's write + the scheduler index refresh (1 s): then failed saves are retried
+LOST_KEYS = 1 << 18  # keys remembered as "not on the card" though the index may still list them
 
 
 @dataclass
@@ -66,6 +67,10 @@ class SchedulerSide:
         self._recent_saves: OrderedDict[bytes, float] = OrderedDict()
         self._planned: dict[str, list[bytes]] = {}  # rid -> keys of its restore in flight
         self._suspect: set[bytes] = set()  # keys of failed restores: rewrite them even if the index has them
+        # Keys the workers found gone (evicted, missing at a restore): the index may list them until its next
+        # refresh, so they are neither offered as hits nor skipped as stored until lost_ttl_s has passed.
+        self._lost: OrderedDict[bytes, float] = OrderedDict()
+        self.lost_ttl_s = max(RECENT_SAVE_TTL_S, 5 * cfg.refresh_interval_s)
         self.tables = BlockTables()  # vLLM 0.26 only
         self._meta_load_blocks: dict[str, list[int]] = {}
         self._meta_hashes: dict[bytes, bytes] = {}  # TP > 1: key -> block hash of the keys planned for this step
@@ -92,8 +97,9 @@ class SchedulerSide:
             nblk = max_tokens // g.block_size
             if g.stores_drafter and (nblk + 1) * g.block_size <= hashed:
                 nblk += 1  # the page after the hit decides whether its last block's drafter KV fits this request
-            keys = [self.namer.key(g, hashes, j) for j in range(nblk)]
-            present[g.group_id] = store.contains([k for k in keys if k is not None]) if keys else []
+            keys = [k for k in (self.namer.key(g, hashes, j) for j in range(nblk)) if k is not None]
+            found = store.contains(keys) if keys else []
+            present[g.group_id] = [f and not self._is_lost(bytes(k)) for k, f in zip(keys, found, strict=True)]
         hit = best_hit(self.layouts, present, max_tokens)
         self.counters.add(lookups=1, lookup_hit_tokens=max(hit - num_computed_tokens, 0))
         unit_blocks = self.cfg.min_hit_blocks * max((g.block_size for g in self.layouts), default=1)
@@ -149,6 +155,18 @@ class SchedulerSide:
         self._meta_zero[rid] = zero
         self._meta_load_blocks[rid] = fail_blocks
         self._planned[rid] = [k for _, _, k in pages]
+
+    def _is_lost(self, key: bytes) -> bool:
+        """True while the workers' report that ``key`` is not on the card is newer than the index can be."""
+        if not self._lost:
+            return False
+        t = self._lost.get(key)
+        if t is None:
+            return False
+        if time.monotonic() - t < self.lost_ttl_s:
+            return True
+        del self._lost[key]
+        return False
 
     # ------------------------------------------------------------------ per step
 
@@ -210,7 +228,8 @@ class SchedulerSide:
                 if c[2] in self._suspect or now - recent.get(c[2], -RECENT_SAVE_TTL_S) >= RECENT_SAVE_TTL_S]
         if cand:
             known = store.contains([k for _, _, k in cand])
-            meta.saves = [c for c, k in zip(cand, known, strict=True) if not k or c[2] in self._suspect]
+            meta.saves = [c for c, k in zip(cand, known, strict=True)
+                          if not k or c[2] in self._suspect or self._is_lost(c[2])]
             self._suspect.difference_update(k for _, _, k in meta.saves)
             for _, _, k in meta.saves:
                 recent[k] = now
@@ -225,6 +244,15 @@ class SchedulerSide:
         wm = getattr(connector_output, "kv_connector_worker_meta", None)
         for k in getattr(wm, "failed_saves", ()):
             self._recent_saves.pop(k, None)
+        lost = getattr(wm, "lost", ())
+        if lost:
+            now = time.monotonic()
+            for k in lost:
+                self._lost[k] = now
+                self._lost.move_to_end(k)
+                self._recent_saves.pop(k, None)  # save it again when a request computes it
+            while len(self._lost) > LOST_KEYS:
+                self._lost.popitem(last=False)
         failed = set(getattr(connector_output, "failed_recving", None) or ()) | set(getattr(wm, "failed_loads", ()))
         if failed:
             self._failed.update(failed)

@@ -63,6 +63,8 @@ class WorkerSide:
         self._lock = threading.Lock()
         self._failed_load_reqs: list[str] = []  # reported to the scheduler by build_worker_meta (vLLM 0.26)
         self._load_error_blocks: set[int] = set()  # vLLM 0.26: get_block_ids_with_load_errors
+        self._lost: list[bytes] = []  # scheduler keys the card did not serve (reported by build_worker_meta)
+        self._origins: dict[str, dict[bytes, bytes]] = {}  # restore in flight -> this rank's key -> scheduler's
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Map every group's layers to their per-block byte slices (validated against the layout)."""
@@ -121,6 +123,8 @@ class WorkerSide:
             mine = [(gid, bid, self.namer.rank_key(gid, key, meta.block_hashes)) for gid, bid, key in planned]
             pages = [(gid, bid, key) for gid, bid, key in mine if key is not None]
             job = LoadJob(rid, pages, meta.zero.get(rid, []), time.monotonic(), blocks=meta.load_blocks.get(rid, []))
+            self._origins[rid] = {mk: key for (_, _, key), (_, _, mk) in zip(planned, mine, strict=True)
+                                  if mk is not None and mk != key}
             if len(pages) != len(planned):
                 job.fail(Cause.TP_KEY_MISSING, "a page's block hash is missing for this TP rank")
             elif self.disabled:
@@ -139,8 +143,12 @@ class WorkerSide:
             finished += self.restores.poll(self.link.store)
         for job in finished:
             out.finished_recving.add(job.req_id)
+            origin = self._origins.pop(job.req_id, {})
             if not job.failed:
                 continue
+            if job.lost:
+                with self._lock:
+                    self._lost.extend(origin.get(k, k) for k in job.lost)
             out.failed_recving.add(job.req_id)
             if self.legacy:  # vLLM 0.26: block-level report (every block the restore was to fill)
                 self._load_error_blocks.update(job.blocks)
@@ -184,9 +192,25 @@ class WorkerSide:
     def build_worker_meta(self) -> ADPWorkerMetadata | None:
         """Keys whose save failed since the last step (device full, target gone...): saved again later."""
         keys = self.saves.take_failed_keys() if self.saves is not None else []
+        evicted = self._take_evicted()
         with self._lock:
             reqs, self._failed_load_reqs = self._failed_load_reqs, []
-        return ADPWorkerMetadata(keys, reqs) if keys or reqs else None
+            lost, self._lost = self._lost + evicted, []
+        return ADPWorkerMetadata(keys, reqs, lost) if keys or reqs or lost else None
+
+    def _take_evicted(self) -> list[bytes]:
+        """Keys this rank's writer evicted or discarded since the last call, where the store reports them
+        (``take_evicted_keys``, optional: a store without it is told of losses only by failed restores). Only
+        keys that are the scheduler's own (rank 0, or groups identical on every rank) mean anything there."""
+        store = self.link.store
+        take = getattr(store, "take_evicted_keys", None)
+        if take is None or (self.tp_rank != 0 and not all(g.tp_replicated for g in self.layouts)):
+            return []
+        try:
+            return [bytes(k) for k in take()]
+        except Exception as exc:
+            log.debug("ADP KV: take_evicted_keys failed: %s", exc)
+            return []
 
     def close(self) -> None:
         """Let in-flight saves finish (bounded)."""
