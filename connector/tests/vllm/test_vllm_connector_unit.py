@@ -233,7 +233,8 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
                                                       invalid_block_ids={9, 10, 11}))
         assert sched.get_num_new_matched_tokens(r3, 0) == (0, False)  # recompute, no second offer
         meta = sched.build_connector_meta(_legacy_sched_out({"r3": (13, [9, 10, 11, 12])}, {}))
-        assert [b for _, b, _ in meta.saves] == [9, 10, 11]  # the suspect pages are rewritten
+        # the suspect page is rewritten: the one the worker found corrupt (the intact two are still on the card)
+        assert len(wm.lost) == 1 and [k for _, _, k in meta.saves] == wm.lost
     finally:
         worker.shutdown()
         sched.shutdown()
@@ -705,6 +706,57 @@ def test_a_page_found_gone_is_not_offered_again_and_is_saved_again() -> None:
         sched.update_state_after_alloc(r3, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 0)
         meta = sched.build_connector_meta(_sched_out("r3", 13, [9, 10, 11, 12]))
         assert [b for _, b, _ in meta.saves] == [9, 10, 11]  # saved again though the index lists them
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@native_contract
+def test_nothing_stored_is_saved_again() -> None:
+    """The same block filled by two requests in one step is saved once; re-plans of a request, and requests that
+    compute blocks already on the card, save nothing; after a failed restore only the pages the card did not serve
+    are rewritten. The control: a block not on the card is saved."""
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        tables = {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8]}
+        reqs = {rid: _request(rid, hashes, 13) for rid in tables}
+        for rid, r in reqs.items():
+            sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda rid=rid: (tables[rid],)), 0)
+        state = SimpleNamespace(get_block_ids=lambda r: (tables[r],) if r in tables else None,
+                                boundary_state_offloads={})
+        both = SimpleNamespace(num_scheduled_tokens={"a": 8, "b": 8}, scheduled_spec_decode_tokens={},
+                               kv_connector_block_state=state)
+        meta = sched.build_connector_meta(both)
+        assert len(meta.saves) == 2 and sched.counters["saves_deduped"] == 2  # blocks 0-1 once, not per request
+        _save(worker, meta)
+        for r in reqs.values():
+            r.num_computed_tokens = 8
+        both.num_scheduled_tokens = {"a": 5, "b": 5}
+        meta = sched.build_connector_meta(both)
+        assert len(meta.saves) == 1  # the re-plan adds only the new block, once
+        _save(worker, meta)
+        assert sched.build_connector_meta(both).saves == []  # the same step planned again: nothing
+        sched.link.store.refresh()
+        c = _request("c", hashes, 13)  # computes blocks the card has
+        sched.update_state_after_alloc(c, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 0)
+        assert sched.build_connector_meta(_sched_out("c", 13, [9, 10, 11, 12])).saves == []
+        d = _request("d", [bytes([9 + i]) * 32 for i in range(3)], 13)  # control: another prefix, not on the card
+        sched.update_state_after_alloc(d, SimpleNamespace(get_block_ids=lambda: ([13, 14, 15, 12],)), 0)
+        assert len(sched.build_connector_meta(_sched_out("d", 13, [13, 14, 15, 12])).saves) == 3
+        assert worker.counters["pages_saved"] == 3
+        # a restore that finds one page gone: only that page is saved again by the recompute
+        lost = sched.link.store.indexed_keys()[:1]
+        assert worker.link.store.discard(lost) == 1
+        _offered(sched, "e", hashes, 13, [5, 6, 7, 8], hit=12)
+        assert _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "e").failed_recving == {"e"}
+        sched.update_connector_output(SimpleNamespace(failed_recving={"e"}, finished_recving={"e"},
+                                                      kv_connector_worker_meta=worker.build_connector_worker_meta()))
+        meta = sched.build_connector_meta(_sched_out("e", 13, [5, 6, 7, 8]))
+        assert [k for _, _, k in meta.saves] == [bytes(k) for k in lost]
     finally:
         worker.shutdown()
         sched.shutdown()

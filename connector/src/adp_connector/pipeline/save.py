@@ -94,15 +94,15 @@ class SavePipeline:
         """Stage up to one slab of pages and queue them for the store (the slab returns to the pool when written)."""
         nbytes = len(refs) * pb
         with self._lock:
-            if self.pending_bytes + nbytes > self.max_pending_bytes:
-                self.counters.add(saves_dropped=len(refs))
-                self.ledger.record([k for _, _, k in refs], "was dropped (max_pending_save_mb in flight)")
-                return
-            self.pending_bytes += nbytes
+            room = self.pending_bytes + nbytes <= self.max_pending_bytes
+            if room:
+                self.pending_bytes += nbytes
+        if not room:
+            self._dropped(refs, origin, "was dropped (max_pending_save_mb in flight)")
+            return
         buf = self.pool.take(nbytes, temporary=not self.slab_required or self.pool.max_slabs == 0)
         if buf is None:
-            self.counters.add(saves_dropped=len(refs))
-            self.ledger.record([k for _, _, k in refs], "was dropped (no free staging slab)")
+            self._dropped(refs, origin, "was dropped (no free staging slab)")
             with self._lock:
                 self.pending_bytes -= nbytes
             return
@@ -111,7 +111,7 @@ class SavePipeline:
             ready = self._stage(gid, [b for _, b, _ in refs], stage)
         except Exception as exc:
             log.warning("ADP KV: staging a save failed: %s", exc)
-            self._failed(refs, buf, nbytes)
+            self._failed(refs, buf, nbytes, origin)
             return
         mine = {k: origin[k] for _, _, k in refs if k in origin}
         if self._submitter is None:
@@ -167,18 +167,28 @@ class SavePipeline:
                 h = store.save_batch(keys, [stage[i].numpy() for i in range(len(refs))])
             except Exception as exc:
                 log.warning("ADP KV: save failed: %s", exc)
-                self._failed(refs, buf, nbytes)
+                self._failed(refs, buf, nbytes, origin)
                 continue
             with self._lock:
                 self.handles.add(h)
                 self._origin.update(origin)
             h.add_done_callback(lambda hh, buf=buf, nbytes=nbytes, t0=t0: self._done(hh, buf, nbytes, t0))
 
-    def _failed(self, refs: list[PageRef], buf: torch.Tensor, nbytes: int) -> None:
+    def _dropped(self, refs: list[PageRef], origin: dict[bytes, bytes], why: str) -> None:
+        """A save not attempted: counted, and reported like a failed one (a later request may save it)."""
+        self.counters.add(saves_dropped=len(refs))
+        keys = [k for _, _, k in refs]
+        self.ledger.record(keys, why)
+        with self._lock:
+            self._failed_keys.extend(origin.get(k, k) for k in keys)
+
+    def _failed(self, refs: list[PageRef], buf: torch.Tensor, nbytes: int, origin: dict[bytes, bytes]) -> None:
         self.counters.add(save_errors=len(refs))
-        self.ledger.record([k for _, _, k in refs], "failed before reaching the store")
+        keys = [k for _, _, k in refs]
+        self.ledger.record(keys, "failed before reaching the store")
         with self._lock:
             self.pending_bytes -= nbytes
+            self._failed_keys.extend(origin.get(k, k) for k in keys)
         self.pool.give(buf)
 
     def _done(self, h: Any, buf: torch.Tensor, nbytes: int, t0: float) -> None:

@@ -222,6 +222,11 @@ class SchedulerSide:
                 key = self.namer.key(g, hashes, boundary // g.block_size - 1, hashes_out)
                 if key is not None:
                     cand.append((gid, bid, bytes(key)))
+        if len({k for _, _, k in cand}) != len(cand):  # several requests filled the same block this step
+            seen: set[bytes] = set()
+            unique = [c for c in cand if not (c[2] in seen or seen.add(c[2]))]
+            self.counters.add(saves_deduped=len(cand) - len(unique))
+            cand = unique
         now = time.monotonic()
         recent = self._recent_saves
         cand = [c for c in cand
@@ -253,15 +258,19 @@ class SchedulerSide:
                 self._recent_saves.pop(k, None)  # save it again when a request computes it
             while len(self._lost) > LOST_KEYS:
                 self._lost.popitem(last=False)
-        failed = set(getattr(connector_output, "failed_recving", None) or ()) | set(getattr(wm, "failed_loads", ()))
+        reported = set(getattr(wm, "failed_loads", ()))
+        failed = set(getattr(connector_output, "failed_recving", None) or ()) | reported
         if failed:
             self._failed.update(failed)
+            lost_set = set(lost)
             for rid in failed:
-                # The recompute rewrites the pages (the worker discarded the ones that failed verification).
+                # The recompute rewrites the pages the card did not serve (the worker discarded the ones that failed
+                # verification): those the workers named, or, without their report, every page of the restore.
                 st = self._reqs.get(rid)
                 if st is not None:
                     st.saved_blocks.clear()
-                self._suspect.update(self._planned.pop(rid, ()))
+                planned = self._planned.pop(rid, ())
+                self._suspect.update(k for k in planned if k in lost_set or rid not in reported)
         for rid in getattr(connector_output, "finished_recving", None) or ():
             if rid not in (failed or ()):
                 self._planned.pop(rid, None)

@@ -61,7 +61,7 @@ class WorkerSide:
         self.disabled = ""
         self._unstarted: list[LoadJob] = []  # restores failed before any pipeline existed (cache disabled)
         self._lock = threading.Lock()
-        self._failed_load_reqs: list[str] = []  # reported to the scheduler by build_worker_meta (vLLM 0.26)
+        self._failed_load_reqs: list[str] = []  # failed restores, reported by build_worker_meta
         self._load_error_blocks: set[int] = set()  # vLLM 0.26: get_block_ids_with_load_errors
         self._lost: list[bytes] = []  # scheduler keys the card did not serve (reported by build_worker_meta)
         self._origins: dict[str, dict[bytes, bytes]] = {}  # restore in flight -> this rank's key -> scheduler's
@@ -150,10 +150,10 @@ class WorkerSide:
                 with self._lock:
                     self._lost.extend(origin.get(k, k) for k in job.lost)
             out.failed_recving.add(job.req_id)
+            with self._lock:  # named in the worker metadata beside the keys it lost (and, on 0.26, as the report)
+                self._failed_load_reqs.append(job.req_id)
             if self.legacy:  # vLLM 0.26: block-level report (every block the restore was to fill)
                 self._load_error_blocks.update(job.blocks)
-                with self._lock:
-                    self._failed_load_reqs.append(job.req_id)
             log.warning("ADP KV: restore of %s failed (%s); the request recomputes", job.req_id, job.failed)
             if self.restores is None:
                 self.counters.add(**{"load_fallbacks": 1, "loads": 1, "load_s": time.monotonic() - job.t0,
