@@ -761,3 +761,40 @@ def test_nothing_stored_is_saved_again() -> None:
         worker.shutdown()
         sched.shutdown()
         tgt.stop()
+
+
+@native_contract
+def test_lookups_cost_nothing_when_there_is_nothing_to_gain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's keys are derived once however often vLLM asks; a local hit covering everything a restore could
+    add asks the store nothing; a gain under ``min_load_tokens`` is recomputed (no async load, no extra step).
+    Controls: the first lookup derives the keys, and the same hit with ``min_load_tokens`` 0 is offered."""
+    tgt, sched, worker = _target_and_halves(io_process=True, min_load_tokens=8)
+    try:
+        worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+        hashes = _cold_save(sched, worker)
+        derived, asked = [], []
+        key, contains = sched.namer.key, sched.link.store.contains
+        monkeypatch.setattr(sched.namer, "key", lambda *a, **k: derived.append(a[2]) or key(*a, **k))
+        monkeypatch.setattr(sched.link.store, "contains", lambda keys: asked.append(len(keys)) or contains(keys))
+        r = _request("r2", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r, 0) == (12, True)  # gain 12 >= 8
+        assert derived == [0, 1, 2] and asked == [3]  # control: the first lookup derives and asks
+        for _ in range(3):  # vLLM asking again while the request waits
+            assert sched.get_num_new_matched_tokens(r, 0) == (12, True)
+        assert derived == [0, 1, 2] and asked == [3] * 4
+        assert sched.get_num_new_matched_tokens(r, 12) == (0, False) and asked == [3] * 4  # nothing to gain
+        assert sched.get_num_new_matched_tokens(r, 8) == (0, False)  # gain 4 < min_load_tokens
+        assert sched.counters["async_loads_skipped"] == 1
+        sched.request_finished_all_groups(r, ([],))
+        sched.cfg = sched.scheduler_side.cfg = conn_cfg(sched.cfg, min_load_tokens=0)
+        assert sched.get_num_new_matched_tokens(_request("r3", hashes, 13), 8) == (4, True)  # control
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+def conn_cfg(cfg: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(cfg, **changes)

@@ -37,6 +37,7 @@ class ADPConfig:
     max_pending_save_mb: int = 4096
     staging_mb: int = 4096
     min_hit_blocks: int = 1
+    min_load_tokens: int = 0
     io_threads: int = 2
     io_process: bool = True
     load_processes: int = 1
@@ -67,6 +68,8 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
                    "I/O helper): restores stream through it; with io_process a save finding it full is dropped "
                    "(counted), without it uses a temporary unpinned buffer"),
     "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
+    "min_load_tokens": ((int,), "no restore (and no extra engine step) when it adds fewer tokens than this beyond "
+                        "the local prefix hit: they are recomputed (0: any gain of a block or more)"),
     "io_threads": ((int,), "concurrent store batches per process"),
     "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
@@ -83,7 +86,7 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
 
 _POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks", "load_processes"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
-                 "max_pending_save_mb", "max_io_kib", "staging_mb"}
+                 "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens"}
 
 
 def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:

@@ -74,6 +74,7 @@ class SchedulerSide:
         self.tables = BlockTables()  # vLLM 0.26 only
         self._meta_load_blocks: dict[str, list[int]] = {}
         self._meta_hashes: dict[bytes, bytes] = {}  # TP > 1: key -> block hash of the keys planned for this step
+        self._key_cache: dict[str, dict[int, list[bytes]]] = {}  # rid -> group -> keys of its leading blocks
 
     # ------------------------------------------------------------------ lookups and restores
 
@@ -90,6 +91,9 @@ class SchedulerSide:
         # Leave >= 1 token to compute (and never restore a recurrent state at the very last token).
         hashed = len(hashes) * self.hash_block_size
         max_tokens = min(request.num_tokens - 1, hashed)
+        if max_tokens <= num_computed_tokens:  # the local hit already covers all a restore could add: no lookup
+            self._pending_hit.pop(rid, None)
+            return 0, False
         present: dict[int, list[bool]] = {}
         for g in self.layouts:
             if not g.persists:
@@ -97,18 +101,33 @@ class SchedulerSide:
             nblk = max_tokens // g.block_size
             if g.stores_drafter and (nblk + 1) * g.block_size <= hashed:
                 nblk += 1  # the page after the hit decides whether its last block's drafter KV fits this request
-            keys = [k for k in (self.namer.key(g, hashes, j) for j in range(nblk)) if k is not None]
+            keys = self._lookup_keys(rid, g, hashes, nblk)
             found = store.contains(keys) if keys else []
-            present[g.group_id] = [f and not self._is_lost(bytes(k)) for k, f in zip(keys, found, strict=True)]
+            present[g.group_id] = [f and not self._is_lost(k) for k, f in zip(keys, found, strict=True)]
         hit = best_hit(self.layouts, present, max_tokens)
         self.counters.add(lookups=1, lookup_hit_tokens=max(hit - num_computed_tokens, 0))
         unit_blocks = self.cfg.min_hit_blocks * max((g.block_size for g in self.layouts), default=1)
         if hit <= num_computed_tokens or hit < unit_blocks:
             self._pending_hit.pop(rid, None)
             return 0, False
+        if hit - num_computed_tokens < self.cfg.min_load_tokens:  # cheaper to compute than an extra engine step
+            self.counters.add(async_loads_skipped=1)
+            self._pending_hit.pop(rid, None)
+            return 0, False
         self._pending_hit[rid] = hit
         log.debug("ADP KV: %s external hit %d tokens (local %d)", rid, hit, num_computed_tokens)
         return hit - num_computed_tokens, True
+
+    def _lookup_keys(self, rid: str, g: GroupLayout, hashes: list, nblk: int) -> list[bytes]:
+        """Keys of ``g``'s first ``nblk`` blocks (fewer if their hashes are not known yet), derived once per
+        request: vLLM asks again every step a request waits, and a long prompt has thousands of blocks."""
+        cache = self._key_cache.setdefault(rid, {}).setdefault(g.group_id, [])
+        for j in range(len(cache), nblk):
+            key = self.namer.key(g, hashes, j)
+            if key is None:
+                break
+            cache.append(bytes(key))
+        return cache[:nblk]
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the restore of the blocks the scheduler just allocated for an external hit."""
@@ -278,6 +297,7 @@ class SchedulerSide:
     def request_finished(self, rid: str) -> None:
         """Forget a finished request (its saves were staged when its blocks were computed)."""
         self._reqs.pop(rid, None)
+        self._key_cache.pop(rid, None)
         self.tables.drop(rid)
         self._planned.pop(rid, None)
         self._pending_hit.pop(rid, None)
