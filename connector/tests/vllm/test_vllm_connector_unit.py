@@ -594,7 +594,7 @@ def test_a_failed_restore_names_its_cause(caplog: pytest.LogCaptureFixture) -> N
         worker.bind_connector_metadata(conn_meta(saves=[(0, 1, b"d" * 32)]))
         worker.wait_for_save()
         worker.clear_connector_metadata()
-        assert worker.counters["saves_dropped"] == 1
+        assert worker.counters["saves_dropped"] == 1 and worker.counters["save_dropped_pending_cap"] == 1
         assert _restore_pages(worker, "dropped", [(0, 2, b"d" * 32)]).failed_recving == {"dropped"}
         assert worker.counters["load_failed_never_committed"] == 1
         # not indexed: a key no writer here ever saved
@@ -628,9 +628,13 @@ def test_failure_causes_are_exported_with_a_cause_label() -> None:
     types = {Counter: functools.partial(Counter, registry=reg), Gauge: functools.partial(Gauge, registry=reg),
              Histogram: functools.partial(Histogram, registry=reg)}
     prom = ADPPromMetrics(SimpleNamespace(kv_transfer_config=None), types, ["engine"], {0: ["0"]})
-    stats = ADPConnectorStats(data={"load_fallbacks": 3, "load_failed_evicted": 2, "load_failed_timed_out": 1})
-    assert stats.reduce()["load_failed_evicted"] == 2
+    stats = ADPConnectorStats(data={"load_fallbacks": 3, "load_failed_evicted": 2, "load_failed_timed_out": 1,
+                                    "saves_dropped": 5, "save_dropped_no_staging": 5})
+    assert stats.reduce()["load_failed_evicted"] == 2 and stats.reduce()["save_dropped_no_staging"] == 5
     prom.observe(stats.data, 0)
+    drops = {c: reg.get_sample_value("vllm:adp_kv_saves_dropped_by_cause_total", {"engine": "0", "cause": c})
+             for c in ("no_staging", "pending_cap", "no_store")}
+    assert drops == {"no_staging": 5.0, "pending_cap": 0.0, "no_store": 0.0}
 
     def value(cause: str) -> float | None:
         return reg.get_sample_value("vllm:adp_kv_load_failures_total", {"engine": "0", "cause": cause})

@@ -28,6 +28,12 @@ log = logging.getLogger("vllm.adp_kv.save")
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 D2H_INFLIGHT_BYTES = 1 << 30  # GPU memory of gathered save pages waiting for their device -> host copy
+DROP_COUNTER_PREFIX = "save_dropped_"  # pages of saves not attempted, by cause (exported with a cause label)
+DROP_CAUSES = {
+    "pending_cap": "max_pending_save_mb of saves already in flight",
+    "no_staging": "no free staging slab (staging_mb, shared with restores)",
+    "no_store": "no page store (target unreachable or I/O helper restarting)",
+}
 
 
 class SaveLedger:
@@ -98,11 +104,11 @@ class SavePipeline:
             if room:
                 self.pending_bytes += nbytes
         if not room:
-            self._dropped(refs, origin, "was dropped (max_pending_save_mb in flight)")
+            self._dropped(refs, origin, "pending_cap")
             return
         buf = self.pool.take(nbytes, temporary=not self.slab_required or self.pool.max_slabs == 0)
         if buf is None:
-            self._dropped(refs, origin, "was dropped (no free staging slab)")
+            self._dropped(refs, origin, "no_staging")
             with self._lock:
                 self.pending_bytes -= nbytes
             return
@@ -174,11 +180,11 @@ class SavePipeline:
                 self._origin.update(origin)
             h.add_done_callback(lambda hh, buf=buf, nbytes=nbytes, t0=t0: self._done(hh, buf, nbytes, t0))
 
-    def _dropped(self, refs: list[PageRef], origin: dict[bytes, bytes], why: str) -> None:
-        """A save not attempted: counted, and reported like a failed one (a later request may save it)."""
-        self.counters.add(saves_dropped=len(refs))
+    def _dropped(self, refs: list[PageRef], origin: dict[bytes, bytes], cause: str) -> None:
+        """A save not attempted: counted by cause, and reported like a failed one (a later request may save it)."""
+        self.counters.add(**{"saves_dropped": len(refs), DROP_COUNTER_PREFIX + cause: len(refs)})
         keys = [k for _, _, k in refs]
-        self.ledger.record(keys, why)
+        self.ledger.record(keys, f"was dropped ({DROP_CAUSES[cause]})")
         with self._lock:
             self._failed_keys.extend(origin.get(k, k) for k in keys)
 

@@ -26,6 +26,7 @@ from ..pipeline import (
     StagingPool,
     failure_counter,
 )
+from ..pipeline.save import DROP_COUNTER_PREFIX
 from ..store.process import SharedArena
 from .backend import StoreLink
 from .compat import KVConnectorTransferResults
@@ -184,7 +185,8 @@ class WorkerSide:
                 if mine != key:
                     origin[mine] = key
         if store is None:
-            self.counters.add(saves_dropped=sum(len(v) for v in by_group.values()), store_unavailable=1)
+            n = sum(len(v) for v in by_group.values())
+            self.counters.add(**{"saves_dropped": n, "store_unavailable": 1, DROP_COUNTER_PREFIX + "no_store": n})
             return
         for gid, refs in by_group.items():
             self.saves.save(store, gid, refs, origin)
