@@ -79,9 +79,9 @@ def _save(worker: ADPConnector, meta: Any) -> None:
     worker.wait_for_save()
     worker.clear_connector_metadata()
     deadline = time.monotonic() + 20
-    while worker._pending_save_bytes and time.monotonic() < deadline:  # staged, queued or being written
+    while worker.worker_side.saves.pending_bytes and time.monotonic() < deadline:  # staged, queued or being written
         time.sleep(0.02)
-    assert not worker._pending_save_bytes and not worker._save_handles
+    assert not worker.worker_side.saves.pending_bytes and not worker.worker_side.saves.handles
 
 
 def _cold_save(sched: ADPConnector, worker: ADPConnector) -> list[bytes]:
@@ -147,7 +147,7 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
     r3 = _offered(sched, "r3", hashes, 13, [9, 10, 11, 12], hit=12)
     res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r3")
     assert res.failed_recving == {"r3"}
-    assert worker._stats["verify_failures"] >= 1 and worker._stats["load_fallbacks"] == 1
+    assert worker.counters["verify_failures"] >= 1 and worker.counters["load_fallbacks"] == 1
     sched.update_connector_output(SimpleNamespace(failed_recving={"r3"}, finished_recving={"r3"}))
     assert sched.get_num_new_matched_tokens(r3, 0) == (0, False)  # recompute, no loop
     meta = sched.build_connector_meta(_sched_out("r3", 13, [9, 10, 11, 12]))
@@ -213,7 +213,7 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
         assert [b for _, b, _ in meta.saves] == [3]
         _save(worker, meta)
         sched.request_finished(r1, [1, 2, 3, 4])
-        assert sched._tables.get_block_ids("r1") is None  # forgotten with the request
+        assert sched.scheduler_side.tables.get_block_ids("r1") is None  # forgotten with the request
         sched.link.store.refresh()
         # warm restore, then a corrupted page
         _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
@@ -233,7 +233,8 @@ def test_legacy_vllm_026_contract(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
                                                       invalid_block_ids={9, 10, 11}))
         assert sched.get_num_new_matched_tokens(r3, 0) == (0, False)  # recompute, no second offer
         meta = sched.build_connector_meta(_legacy_sched_out({"r3": (13, [9, 10, 11, 12])}, {}))
-        assert [b for _, b, _ in meta.saves] == [9, 10, 11]  # the suspect pages are rewritten
+        # the suspect page is rewritten: the one the worker found corrupt (the intact two are still on the card)
+        assert len(wm.lost) == 1 and [k for _, _, k in meta.saves] == wm.lost
     finally:
         worker.shutdown()
         sched.shutdown()
@@ -282,7 +283,7 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
     try:
         kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
         worker.register_kv_caches(kv)
-        assert worker._pool is not None and worker._pool.slab_bytes == 512
+        assert worker.worker_side.pool is not None and worker.worker_side.pool.slab_bytes == 512
         hashes = [bytes([i]) * 32 for i in range(5)]
         r1 = _request("r1", hashes, 21)
         sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 0)
@@ -294,7 +295,7 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
         _offered(sched, "r2", hashes, 21, [7, 8, 9, 10, 11, 12], hit=20)
         worker.bind_connector_metadata(sched.build_connector_meta(_sched_out("none", 0, [])))
         worker.start_load_kv(None)
-        assert [len(ch.idxs) for ch in worker._jobs[0].chunks] == [2, 2, 1]
+        assert [len(ch.idxs) for ch in worker.worker_side.restores.jobs[0].chunks] == [2, 2, 1]
         res = None
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -306,7 +307,7 @@ def test_restore_in_several_slabs_lands_chunk_by_chunk(monkeypatch: pytest.Monke
         worker.clear_connector_metadata()
         for n in LAYERS:
             assert torch.equal(kv[n][7:12], kv[n][1:6])
-        assert worker._pool.allocated_bytes <= 3 * 512 and worker._pool.temporary == 0
+        assert worker.worker_side.pool.allocated_bytes <= 3 * 512 and worker.worker_side.pool.temporary == 0
     finally:
         worker.shutdown()
         sched.shutdown()
@@ -360,7 +361,7 @@ def test_tensor_parallel_ranks_keep_their_own_pages(monkeypatch: pytest.MonkeyPa
         for w in (sched, *workers):
             w.link.store.refresh()
         for w in workers:  # scramble the restore targets first
-            for t in w._kv[0]:
+            for t in w.worker_side.kv.rows[0]:
                 t[1][5:8] = 0
         _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
         meta = sched.build_connector_meta(_sched_out("none", 0, []))
@@ -387,8 +388,8 @@ def test_restore_into_a_strided_kv_layout() -> None:
         kv = {n: t.permute(0, 2, 1, 3) for n, t in phys.items()}  # logical (B, H, N, D): t[0] not contiguous
         assert not kv[LAYERS[0]][0].is_contiguous()
         worker.register_kv_caches(kv)
-        pages = worker._gather(0, [1, 2, 3])
-        worker._scatter(0, [9, 10, 11], pages)
+        pages = worker.worker_side.kv.gather(0, [1, 2, 3])
+        worker.worker_side.kv.scatter(0, [9, 10, 11], pages)
         for n in LAYERS:
             assert torch.equal(kv[n][9:12], kv[n][1:4]) and torch.equal(phys[n][9:12], phys[n][1:4])
     finally:
@@ -426,7 +427,7 @@ def test_a_dead_store_process_fails_its_restore_and_is_replaced(load_processes: 
                 break
             time.sleep(0.02)
         worker.clear_connector_metadata()
-        assert res.failed_recving == {"r2"} and worker._stats["load_fallbacks"] == 1
+        assert res.failed_recving == {"r2"} and worker.counters["load_fallbacks"] == 1
         tgt.faults.set_delay(0.0)
         second = worker.link.wait_ready(20)
         assert isinstance(second, kind) and second is not first and second.alive
@@ -460,7 +461,7 @@ def test_gpu_pages_cross_on_side_streams(io_process: bool) -> None:
         phys = {n: torch.randn(16, BS, 2, 8, device="cuda").to(torch.bfloat16) for n in LAYERS}
         kv = {n: t.permute(0, 2, 1, 3) for n, t in phys.items()}
         worker.register_kv_caches(kv)
-        assert worker._pool is not None and worker._pool.pinned
+        assert worker.worker_side.pool is not None and worker.worker_side.pool.pinned
         keys = [bytes([i]) * 32 for i in (1, 2, 3)]
         expected = {n: kv[n][1:4].clone() for n in LAYERS}
         torch.cuda._sleep(200_000_000)  # keep the compute stream busy: the gather and copy must queue behind it
@@ -470,9 +471,9 @@ def test_gpu_pages_cross_on_side_streams(io_process: bool) -> None:
             kv[n][1:4] = 0  # queued after the gather on the compute stream: the saved pages must not see it
         worker.clear_connector_metadata()
         deadline = time.monotonic() + 20
-        while worker._pending_save_bytes and time.monotonic() < deadline:
+        while worker.worker_side.saves.pending_bytes and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not worker._pending_save_bytes and worker._stats["pages_saved"] == 3
+        assert not worker.worker_side.saves.pending_bytes and worker.counters["pages_saved"] == 3
         res = _restore(worker, ADPMetadata(loads={"r": [(0, b, k) for b, k in zip((5, 6, 7), keys, strict=True)]}),
                        "r")
         assert not res.failed_recving
@@ -502,29 +503,30 @@ def test_a_restore_larger_than_the_staging_memory_streams_through_it(monkeypatch
     try:
         kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
         worker.register_kv_caches(kv)
-        assert worker._pool is not None and worker._pool.max_slabs == 1 and worker._pool.slab_bytes == 512
+        pool = worker.worker_side.pool
+        assert pool is not None and pool.max_slabs == 1 and pool.slab_bytes == 512
         hashes = [bytes([i]) * 32 for i in range(3)]
         r1 = _request("r1", hashes, 13)
         sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
         _save(worker, sched.build_connector_meta(_sched_out("r1", 8, [1, 2, 3, 4])))  # two prefill chunks
         r1.num_computed_tokens = 8
         _save(worker, sched.build_connector_meta(_sched_out("r1", 5, [1, 2, 3, 4])))
-        assert worker._stats["pages_saved"] == 3
+        assert worker.counters["pages_saved"] == 3
         sched.request_finished_all_groups(r1, ([1, 2, 3, 4],))
         sched.link.store.refresh()
         _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
         res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r2")
-        assert not res.failed_recving and worker._stats["pages_loaded"] == 3  # two batches through one slab
+        assert not res.failed_recving and worker.counters["pages_loaded"] == 3  # two batches through one slab
         for n in LAYERS:
             assert torch.equal(kv[n][5:8], kv[n][1:4])
-        assert worker._pool.temporary == 0
+        assert worker.worker_side.pool.temporary == 0
         if io_process:
-            held = worker._pool.take(1)  # every slab busy: a save has nowhere to stage
+            held = worker.worker_side.pool.take(1)  # every slab busy: a save has nowhere to stage
             worker.bind_connector_metadata(conn.ADPMetadata(saves=[(0, 9, b"z" * 32)]))
             worker.wait_for_save()
             worker.clear_connector_metadata()
-            assert worker._stats["saves_dropped"] == 1 and worker._pending_save_bytes == 0
-            worker._pool.give(held)
+            assert worker.counters["saves_dropped"] == 1 and worker.worker_side.saves.pending_bytes == 0
+            worker.worker_side.pool.give(held)
     finally:
         worker.shutdown()
         sched.shutdown()
@@ -541,13 +543,13 @@ def test_a_slab_still_being_read_into_returns_when_its_batch_completes() -> None
     tgt, sched, worker = _target_and_halves(io_process=False)
     try:
         worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
-        pool = worker._pool
+        pool = worker.worker_side.pool
         assert pool is not None
         slab = pool.take(1)
         busy = BatchHandle("load", 1)
         job = _LoadJob("r", [(0, 1, b"k" * 32)], [], time.monotonic(), failed="timed out")
         job.chunks = [_LoadChunk(0, [0], buf=slab, handle=busy)]
-        worker._release(job)
+        worker.worker_side.restores.release(job)
         assert all(f.data_ptr() != slab.data_ptr() for f in pool._free)  # not reusable yet
         busy._set([PageResult(b"k" * 32, PageStatus.OK, 128)])
         assert any(f.data_ptr() == slab.data_ptr() for f in pool._free)  # back once the batch is done
@@ -555,3 +557,248 @@ def test_a_slab_still_being_read_into_returns_when_its_batch_completes() -> None
         worker.shutdown()
         sched.shutdown()
         tgt.stop()
+
+
+def _restore_pages(worker: ADPConnector, rid: str, pages: list[tuple[int, int, bytes]]) -> Any:
+    from adp_connector.vllm.connector import ADPMetadata
+
+    return _restore(worker, ADPMetadata(loads={rid: pages}), rid)
+
+
+@native_contract
+def test_a_failed_restore_names_its_cause(caplog: pytest.LogCaptureFixture) -> None:
+    """Every failed restore's log line and a ``load_failed_<cause>`` counter name why: pages this worker committed
+    and then lost (evicted/discarded), pages whose save was dropped (never committed), pages nobody here saved (not
+    indexed). No empty detail. The control: a restore of pages that are there fails with no cause counted."""
+    import logging
+
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = _cold_save(sched, worker)
+        _offered(sched, "ok", hashes, 13, [5, 6, 7, 8], hit=12)  # control: present pages restore
+        assert not _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "ok").failed_recving
+        assert not any(k.startswith("load_failed_") for k in worker.counters.interval)
+        # evicted: the worker's store loses its pages after the scheduler's index last saw them
+        assert worker.link.store.discard(list(sched.link.store.indexed_keys())) == 3
+        _offered(sched, "gone", hashes, 13, [9, 10, 11, 12], hit=12)  # the scheduler's index is 1 refresh behind
+        caplog.set_level(logging.WARNING, logger="vllm.adp_kv")
+        res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "gone")
+        assert res.failed_recving == {"gone"} and worker.counters["load_failed_evicted"] == 1
+        line = next(r.getMessage() for r in caplog.records if "restore of gone failed" in r.getMessage())
+        assert "evicted: 3/3 page(s) not restored" in line and "committed by this worker" in line
+        assert "(missing: )" not in line
+        # never committed: a save dropped for want of room, then asked for
+        worker.worker_side.saves.max_pending_bytes = 0
+        worker.bind_connector_metadata(conn_meta(saves=[(0, 1, b"d" * 32)]))
+        worker.wait_for_save()
+        worker.clear_connector_metadata()
+        assert worker.counters["saves_dropped"] == 1 and worker.counters["save_dropped_pending_cap"] == 1
+        assert _restore_pages(worker, "dropped", [(0, 2, b"d" * 32)]).failed_recving == {"dropped"}
+        assert worker.counters["load_failed_never_committed"] == 1
+        # not indexed: a key no writer here ever saved
+        assert _restore_pages(worker, "unknown", [(0, 3, b"u" * 32)]).failed_recving == {"unknown"}
+        assert worker.counters["load_failed_not_indexed"] == 1
+        msgs = [r.getMessage() for r in caplog.records if "failed (" in r.getMessage()]
+        assert len(msgs) == 3 and all("never_committed: " in m or "not_indexed: " in m or "evicted: " in m
+                                      for m in msgs)
+        assert worker.counters["load_fallbacks"] == 3
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+def conn_meta(**kw: Any) -> Any:
+    from adp_connector.vllm.connector import ADPMetadata
+
+    return ADPMetadata(**kw)
+
+
+def test_failure_causes_are_exported_with_a_cause_label() -> None:
+    """``vllm:adp_kv_load_failures{cause=...}`` counts each cause of the interval's counters (prometheus_client)."""
+    import functools
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from adp_connector.vllm.stats import ADPConnectorStats, ADPPromMetrics
+
+    reg = CollectorRegistry()
+    types = {Counter: functools.partial(Counter, registry=reg), Gauge: functools.partial(Gauge, registry=reg),
+             Histogram: functools.partial(Histogram, registry=reg)}
+    prom = ADPPromMetrics(SimpleNamespace(kv_transfer_config=None), types, ["engine"], {0: ["0"]})
+    stats = ADPConnectorStats(data={"load_fallbacks": 3, "load_failed_evicted": 2, "load_failed_timed_out": 1,
+                                    "saves_dropped": 5, "save_dropped_no_staging": 5})
+    assert stats.reduce()["load_failed_evicted"] == 2 and stats.reduce()["save_dropped_no_staging"] == 5
+    prom.observe(stats.data, 0)
+    drops = {c: reg.get_sample_value("vllm:adp_kv_saves_dropped_by_cause_total", {"engine": "0", "cause": c})
+             for c in ("no_staging", "pending_cap", "no_store")}
+    assert drops == {"no_staging": 5.0, "pending_cap": 0.0, "no_store": 0.0}
+
+    def value(cause: str) -> float | None:
+        return reg.get_sample_value("vllm:adp_kv_load_failures_total", {"engine": "0", "cause": cause})
+
+    assert (value("evicted"), value("timed_out"), value("verify_failed")) == (2.0, 1.0, 0.0)
+    assert reg.get_sample_value("vllm:adp_kv_load_fallbacks_total", {"engine": "0"}) == 3.0
+
+
+@native_contract
+def test_only_committed_pages_are_offered() -> None:
+    """A page counts as stored once it is committed on the card: not while its save is in flight, never when
+    the save was dropped. The control: the same pages, committed, are offered."""
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        r1 = _request("r1", hashes, 13)
+        sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
+        # dropped: no room for saves in flight
+        worker.worker_side.saves.max_pending_bytes = 0
+        meta = sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4]))
+        assert len(meta.saves) == 3
+        _save(worker, meta)
+        assert worker.counters["saves_dropped"] == 3
+        sched.link.store.refresh()
+        assert sched.get_num_new_matched_tokens(_request("r2", hashes, 13), 0) == (0, False)
+        # in flight: planned and staged, the target slow to commit
+        worker.worker_side.saves.max_pending_bytes = 1 << 30
+        tgt.faults.set_delay(1.5)
+        worker.bind_connector_metadata(conn_meta(saves=meta.saves))
+        worker.wait_for_save()
+        worker.clear_connector_metadata()
+        time.sleep(0.3)
+        assert worker.worker_side.saves.pending_bytes  # not committed yet
+        sched.link.store.refresh()
+        assert sched.get_num_new_matched_tokens(_request("r3", hashes, 13), 0) == (0, False)
+        tgt.faults.set_delay(0.0)
+        deadline = time.monotonic() + 20
+        while worker.worker_side.saves.pending_bytes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert worker.counters["pages_saved"] == 3
+        sched.link.store.refresh()
+        assert sched.get_num_new_matched_tokens(_request("r4", hashes, 13), 0) == (12, True)  # control
+    finally:
+        tgt.faults.set_delay(0.0)
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@native_contract
+def test_a_page_found_gone_is_not_offered_again_and_is_saved_again() -> None:
+    """Pages the card lost after the scheduler's index saw them (evicted; here discarded by their writer) fail one
+    restore; the worker reports them, and until the index catches up the scheduler neither offers them to other
+    requests nor skips them as stored. The control: before the report, the stale index does offer them."""
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = _cold_save(sched, worker)
+        assert worker.link.store.discard(list(sched.link.store.indexed_keys())) == 3
+        _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
+        res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r2")
+        assert res.failed_recving == {"r2"}
+        r3 = _request("r3", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r3, 0) == (12, True)  # control: the stale index still lists them
+        wm = worker.build_connector_worker_meta()
+        assert wm is not None and len(wm.lost) == 3
+        sched.update_connector_output(SimpleNamespace(failed_recving={"r2"}, finished_recving={"r2"},
+                                                      kv_connector_worker_meta=wm))
+        assert sched.get_num_new_matched_tokens(r3, 0) == (0, False)  # not offered again
+        sched.update_state_after_alloc(r3, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 0)
+        meta = sched.build_connector_meta(_sched_out("r3", 13, [9, 10, 11, 12]))
+        assert [b for _, b, _ in meta.saves] == [9, 10, 11]  # saved again though the index lists them
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@native_contract
+def test_nothing_stored_is_saved_again() -> None:
+    """The same block filled by two requests in one step is saved once; re-plans of a request, and requests that
+    compute blocks already on the card, save nothing; after a failed restore only the pages the card did not serve
+    are rewritten. The control: a block not on the card is saved."""
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        hashes = [bytes([i]) * 32 for i in range(3)]
+        tables = {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8]}
+        reqs = {rid: _request(rid, hashes, 13) for rid in tables}
+        for rid, r in reqs.items():
+            sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda rid=rid: (tables[rid],)), 0)
+        state = SimpleNamespace(get_block_ids=lambda r: (tables[r],) if r in tables else None,
+                                boundary_state_offloads={})
+        both = SimpleNamespace(num_scheduled_tokens={"a": 8, "b": 8}, scheduled_spec_decode_tokens={},
+                               kv_connector_block_state=state)
+        meta = sched.build_connector_meta(both)
+        assert len(meta.saves) == 2 and sched.counters["saves_deduped"] == 2  # blocks 0-1 once, not per request
+        _save(worker, meta)
+        for r in reqs.values():
+            r.num_computed_tokens = 8
+        both.num_scheduled_tokens = {"a": 5, "b": 5}
+        meta = sched.build_connector_meta(both)
+        assert len(meta.saves) == 1  # the re-plan adds only the new block, once
+        _save(worker, meta)
+        assert sched.build_connector_meta(both).saves == []  # the same step planned again: nothing
+        sched.link.store.refresh()
+        c = _request("c", hashes, 13)  # computes blocks the card has
+        sched.update_state_after_alloc(c, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 0)
+        assert sched.build_connector_meta(_sched_out("c", 13, [9, 10, 11, 12])).saves == []
+        d = _request("d", [bytes([9 + i]) * 32 for i in range(3)], 13)  # control: another prefix, not on the card
+        sched.update_state_after_alloc(d, SimpleNamespace(get_block_ids=lambda: ([13, 14, 15, 12],)), 0)
+        assert len(sched.build_connector_meta(_sched_out("d", 13, [13, 14, 15, 12])).saves) == 3
+        assert worker.counters["pages_saved"] == 3
+        # a restore that finds one page gone: only that page is saved again by the recompute
+        lost = sched.link.store.indexed_keys()[:1]
+        assert worker.link.store.discard(lost) == 1
+        _offered(sched, "e", hashes, 13, [5, 6, 7, 8], hit=12)
+        assert _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "e").failed_recving == {"e"}
+        sched.update_connector_output(SimpleNamespace(failed_recving={"e"}, finished_recving={"e"},
+                                                      kv_connector_worker_meta=worker.build_connector_worker_meta()))
+        meta = sched.build_connector_meta(_sched_out("e", 13, [5, 6, 7, 8]))
+        assert [k for _, _, k in meta.saves] == [bytes(k) for k in lost]
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@native_contract
+def test_lookups_cost_nothing_when_there_is_nothing_to_gain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's keys are derived once however often vLLM asks; a local hit covering everything a restore could
+    add asks the store nothing; a gain under ``min_load_tokens`` is recomputed (no async load, no extra step).
+    Controls: the first lookup derives the keys, and the same hit with ``min_load_tokens`` 0 is offered."""
+    tgt, sched, worker = _target_and_halves(io_process=True, min_load_tokens=8)
+    try:
+        worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+        hashes = _cold_save(sched, worker)
+        derived, asked = [], []
+        key, contains = sched.namer.key, sched.link.store.contains
+        monkeypatch.setattr(sched.namer, "key", lambda *a, **k: derived.append(a[2]) or key(*a, **k))
+        monkeypatch.setattr(sched.link.store, "contains", lambda keys: asked.append(len(keys)) or contains(keys))
+        r = _request("r2", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r, 0) == (12, True)  # gain 12 >= 8
+        assert derived == [0, 1, 2] and asked == [3]  # control: the first lookup derives and asks
+        for _ in range(3):  # vLLM asking again while the request waits
+            assert sched.get_num_new_matched_tokens(r, 0) == (12, True)
+        assert derived == [0, 1, 2] and asked == [3] * 4
+        assert sched.get_num_new_matched_tokens(r, 12) == (0, False) and asked == [3] * 4  # nothing to gain
+        assert sched.get_num_new_matched_tokens(r, 8) == (0, False)  # gain 4 < min_load_tokens
+        assert sched.counters["async_loads_skipped"] == 1
+        sched.request_finished_all_groups(r, ([],))
+        sched.cfg = sched.scheduler_side.cfg = conn_cfg(sched.cfg, min_load_tokens=0)
+        assert sched.get_num_new_matched_tokens(_request("r3", hashes, 13), 8) == (4, True)  # control
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+def conn_cfg(cfg: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(cfg, **changes)

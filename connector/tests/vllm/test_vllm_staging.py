@@ -47,3 +47,15 @@ def test_slabs_are_carved_from_a_shared_arena() -> None:
     pool.give(slabs[1])
     assert pool.take(10).data_ptr() == slabs[1].data_ptr()
     del slabs, extra, t
+
+
+def test_the_pipelines_import_no_vllm() -> None:
+    """adp_connector.pipeline is vLLM-free (torch only); the connector front, by contrast, loads vLLM."""
+    import subprocess
+    import sys
+
+    probe = "import sys, importlib; importlib.import_module({!r}); print('vllm' in sys.modules)"
+    mods = ("adp_connector.pipeline", "adp_connector.vllm.connector")
+    out = [subprocess.run([sys.executable, "-c", probe.format(m)], capture_output=True, text=True, check=True,
+                          timeout=120).stdout.strip() for m in mods]
+    assert out == ["False", "True"]

@@ -20,6 +20,7 @@ import time
 
 from ..nvmeof.host import Controller, HostConfig
 from ..store import PageStore, StoreConfig
+from ..store.api import Store
 from ..store.process import SharedArena, StoreGroup, StoreProcess
 from .config import ADPConfig
 
@@ -39,7 +40,7 @@ class StoreLink:
         self._label = label
         self._lock = threading.Lock()
         self._ctrl: Controller | None = None
-        self._store: PageStore | StoreProcess | StoreGroup | None = None
+        self._store: Store | None = None
         self._stop = threading.Event()
         self.last_error: str = ""
         self.process_restarts = 0
@@ -51,11 +52,11 @@ class StoreLink:
         self._thread.start()
 
     @property
-    def store(self) -> PageStore | StoreProcess | StoreGroup | None:
+    def store(self) -> Store | None:
         """The open store, or None while the target is unreachable."""
         return self._store
 
-    def wait_ready(self, timeout: float) -> PageStore | StoreProcess | StoreGroup | None:
+    def wait_ready(self, timeout: float) -> Store | None:
         """Wait up to ``timeout`` seconds for the store (tests, start-up)."""
         deadline = time.monotonic() + timeout
         while self._store is None and time.monotonic() < deadline and not self._stop.is_set():

@@ -10,11 +10,24 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-# Counter names (summed across workers and intervals). *_s are seconds, bytes_* bytes.
+from ..pipeline.restore import FAILURE_COUNTER_PREFIX, Cause
+from ..pipeline.save import DROP_CAUSES, DROP_COUNTER_PREFIX
+
+# counter families with a ``cause`` label: data key prefix -> (metric name, help, causes)
+LABELLED = {
+    FAILURE_COUNTER_PREFIX: ("vllm:adp_kv_load_failures", "failed restores (the request recomputed), by cause",
+                             tuple(c.value for c in Cause)),
+    DROP_COUNTER_PREFIX: ("vllm:adp_kv_saves_dropped_by_cause", "pages of saves dropped (not attempted), by cause",
+                          tuple(DROP_CAUSES)),
+}
+
+# Counter names (summed across workers and intervals). *_s are seconds, bytes_* bytes. Besides these, one
+# ``load_failed_<cause>`` per failure cause (:class:`adp_connector.pipeline.restore.Cause`) and one
+# ``save_dropped_<cause>`` per reason a save was dropped, exported with a ``cause`` label (:data:`LABELLED`).
 COUNTERS = (
     "lookups", "lookup_hit_tokens", "loads", "loads_ok", "load_fallbacks", "verify_failures", "pages_loaded",
     "bytes_loaded", "load_s", "saves", "pages_saved", "bytes_saved", "save_s", "saves_dropped", "save_errors",
-    "store_unavailable",
+    "store_unavailable", "saves_deduped", "async_loads_skipped",
 )
 
 
@@ -37,13 +50,14 @@ class ADPConnectorStats(KVConnectorStats):
     def reduce(self) -> dict[str, int | float]:
         d = self.data
         out: dict[str, int | float] = {k: d.get(k, 0) for k in COUNTERS}
+        out.update({k: v for k, v in d.items() if k.startswith(tuple(LABELLED)) and v})
         out["load_gbps"] = round(d["bytes_loaded"] / d["load_s"] / 1e9, 3) if d.get("load_s") else 0.0
         out["save_gbps"] = round(d["bytes_saved"] / d["save_s"] / 1e9, 3) if d.get("save_s") else 0.0
         out["mean_load_ms"] = round(1e3 * d["load_s"] / d["loads"], 2) if d.get("loads") else 0.0
         return out
 
     def is_empty(self) -> bool:
-        return not any(self.data.get(k) for k in COUNTERS)
+        return not any(v for k, v in self.data.items() if k in COUNTERS or k.startswith(tuple(LABELLED)))
 
 
 class ADPPromMetrics(KVConnectorPromMetrics):
@@ -64,9 +78,20 @@ class ADPPromMetrics(KVConnectorPromMetrics):
                 labelnames=labelnames,
             )
             self._series[name] = {idx: metric.labels(*vals) for idx, vals in per_engine_labelvalues.items()}
+        self._by_cause: dict[str, dict[int, dict[str, Any]]] = {}  # prefix -> engine -> cause -> series
+        for prefix, (metric_name, doc, causes) in LABELLED.items():
+            metric = self._counter_cls(name=metric_name, documentation=f"ADP KV connector: {doc}",
+                                       labelnames=[*labelnames, "cause"])
+            self._by_cause[prefix] = {idx: {c: metric.labels(*vals, c) for c in causes}
+                                      for idx, vals in per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, per_engine in self._series.items():
             v = transfer_stats_data.get(name, 0)
             if v and engine_idx in per_engine:
                 per_engine[engine_idx].inc(v)
+        for prefix, per_engine_causes in self._by_cause.items():
+            by_cause = per_engine_causes.get(engine_idx, {})
+            for name, v in transfer_stats_data.items():
+                if v and name.startswith(prefix) and name[len(prefix):] in by_cause:
+                    by_cause[name[len(prefix):]].inc(v)

@@ -3,9 +3,10 @@
 A local userspace target (``--target-workers`` I/O worker processes) gets ``--gb`` of pages saved
 through the store; then, for each helper count in ``--helpers``, a :class:`StoreGroup` (one writer
 helper + read-only helpers, as the connector's ``load_processes``) loads them back into a shared
-staging arena in batches of ``--batch-mb``, ``--slabs`` batches in flight, the way a restore streams
-through the connector's staging. ``--into gpu`` copies each landed slab on into GPU memory (torch, a
-side stream) before the slab is reused. Reported per point: GB/s, and the CPU seconds the target
+staging arena in batches of ``--batch-mb``, ``--slabs`` batches in flight, through the connector's own
+restore pipeline (:class:`adp_connector.pipeline.RestorePipeline`). ``--into gpu`` scatters each landed
+slab into a GPU block tensor (the connector's host -> device copy on a side stream) before the slab is
+reused. Reported per point: GB/s, and the CPU seconds the target
 and the helpers spent (where the cycles go); the loopback stream ceiling with as many connections is
 measured in the same run.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 from adp_connector.nvmeof.host import Controller, HostConfig
 from adp_connector.store import PageStore, StoreConfig
+from adp_connector.store.api import Store
 from adp_connector.store.keys import KeyNamespace
 from adp_connector.store.process import SharedArena, StoreGroup, StoreProcess
 
@@ -72,75 +74,60 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-class _GpuSlabs:
-    def __init__(self, arena: SharedArena, slab: int, slabs: int) -> None:
-        import torch
+class _Discard:
+    """``--into host``: restored pages stay in the staging slab (the pipeline's I/O alone is measured)."""
 
-        self.torch = torch
-        host = torch.frombuffer(arena.map, dtype=torch.uint8)
-        if torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel(), 0) != 0:
-            print("warning: cudaHostRegister failed; copies from pageable memory", file=sys.stderr)
-        self.host = host
-        self.dev = torch.empty(slab * slabs, dtype=torch.uint8, device="cuda")
-        self.stream = torch.cuda.Stream()
-        self.slab = slab
+    def scatter(self, gid: int, block_ids: list[int], pages: Any) -> None:
+        return None
 
-    def copy(self, i: int) -> Any:
-        t, s = self.torch, self.slab
-        with t.cuda.stream(self.stream):
-            self.dev[i * s:(i + 1) * s].copy_(self.host[i * s:(i + 1) * s], non_blocking=True)
-            ev = t.cuda.Event()
-            ev.record(self.stream)
-        return ev
+    def gather(self, gid: int, block_ids: list[int]) -> Any:
+        raise NotImplementedError("no audit in the benchmark")
+
+    def zero(self, gid: int, block_id: int) -> None:
+        return None
 
 
-def restore_point(group: StoreGroup | StoreProcess, arena: SharedArena, keys: list[bytes], page: int,
-                  per_batch: int, slabs: int, gpu: _GpuSlabs | None) -> float:
-    """Load every key once through ``slabs`` staging slabs; returns seconds."""
-    view = memoryview(arena.map)
+def restore_point(group: Store, arena: SharedArena, keys: list[bytes], page: int, per_batch: int, slabs: int,
+                  into: str) -> float:
+    """Restore every key once through the connector's restore pipeline (``slabs`` staging slabs carved from
+    ``arena``; ``into`` gpu: scattered into a GPU block tensor of ``slabs x per_batch`` pages, as the connector
+    scatters into the KV cache); returns seconds."""
+    import torch
+
+    from adp_connector.pipeline import Counters, LoadJob, PagedKV, RestorePipeline, StagingPool
+
     slab = per_batch * page
-    batches = [keys[i:i + per_batch] for i in range(0, len(keys), per_batch)]
-    free = list(range(slabs))
-    busy: list[tuple[int, Any, Any]] = []  # (slab, handle, copy event)
-    nxt = 0
+    host = torch.frombuffer(arena.map, dtype=torch.int8)[:slab * slabs]
+    pool = StagingPool(slab, 0, pinned=into == "gpu", arena=host)
+    ring = slabs * per_batch
+    sink: Any = _Discard()
+    if into == "gpu":
+        sink = PagedKV({0: [("bench", torch.empty((ring, page), dtype=torch.int8, device="cuda"), page)]})
+    pipe = RestorePipeline(sink, pool, {0: page}, Counters(), timeout_s=3600.0)
+    job = LoadJob("bench", [(0, i % ring, k) for i, k in enumerate(keys)], [], time.monotonic())
     t0 = time.perf_counter()
-    while nxt < len(batches) or busy:
-        while free and nxt < len(batches):
-            i = free.pop()
-            ks = batches[nxt]
-            nxt += 1
-            bufs = [view[i * slab + j * page:i * slab + (j + 1) * page] for j in range(len(ks))]
-            busy.append((i, group.load_batch(ks, bufs), None))
-        still: list[tuple[int, Any, Any]] = []
-        progressed = False
-        for i, h, ev in busy:
-            if ev is None and h.done():
-                res = h.wait(0)
-                bad = [r for r in res if not r.ok]
-                if bad:
-                    raise RuntimeError(f"restore failed: {bad[0]}")
-                if gpu is None:
-                    free.append(i)
-                    progressed = True
-                    continue
-                ev = gpu.copy(i)
-            if ev is not None and ev.query():
-                free.append(i)
-                progressed = True
-                continue
-            still.append((i, h, ev))
-        busy = still
-        if not progressed:
+    pipe.start(job, group)
+    while pipe.jobs:
+        if not pipe.poll(group):
             time.sleep(0.0002)
-    if gpu is not None:
-        gpu.stream.synchronize()
+    if into == "gpu":
+        torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    view.release()
+    if pool.pinned:
+        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+    if job.failed:
+        raise RuntimeError(f"restore failed: {job.failed}")
     return dt
 
 
 def main(args: argparse.Namespace) -> int:
     refuse_to_overwrite_file(args.backing, "testbed bench restore-path", args.yes_destroy)
+    try:
+        import torch  # noqa: F401  (the connector's restore pipeline stages through torch tensors)
+    except ImportError:
+        print("error: testbed bench restore-path needs torch (the connector's restore pipeline); "
+              "run it from the vLLM environment", file=sys.stderr)
+        return 2
     page = args.page_size
     per_batch = max(1, (args.batch_mb << 20) // page)
     n_pages = max(per_batch, int(args.gb * 1e9) // page)
@@ -153,7 +140,6 @@ def main(args: argparse.Namespace) -> int:
     zeros = bytes(per_batch * page)
     for i in range(args.slabs):  # fault the staging in before timing (the connector pins it at start-up)
         arena.map[i * len(zeros):(i + 1) * len(zeros)] = zeros
-    gpu = _GpuSlabs(arena, per_batch * page, args.slabs) if args.into == "gpu" else None
     with StreamServer("127.0.0.1") as stream:
         for mdts, workers in [(parse_size(m), int(w)) for m in args.mdts.split(",")
                               for w in args.target_workers.split(",")]:
@@ -183,9 +169,10 @@ def main(args: argparse.Namespace) -> int:
                         group = StoreProcess.start(Controller.connect, (hc,), cfg, arena, timeout=60)
                         pids = [group.pid]
                     try:
-                        restore_point(group, arena, keys[:per_batch * 2], page, per_batch, args.slabs, gpu)  # warm
+                        warm = keys[:per_batch * 2]
+                        restore_point(group, arena, warm, page, per_batch, args.slabs, args.into)
                         c0t, c0h = cpu_seconds([t.proc.pid]), cpu_seconds(pids)
-                        dt = restore_point(group, arena, keys, page, per_batch, args.slabs, gpu)
+                        dt = restore_point(group, arena, keys, page, per_batch, args.slabs, args.into)
                         tcpu, hcpu = cpu_seconds([t.proc.pid]) - c0t, cpu_seconds(pids) - c0h
                     finally:
                         group.close()

@@ -1,0 +1,114 @@
+"""Pages of KV-cache blocks: gather a block's bytes from every layer of a group into one page row, scatter back.
+
+A page of group ``g`` is the concatenation, layer by layer, of the first ``nbytes`` bytes of block ``b`` of each
+layer tensor (``tensor[b]`` in logical order; tensors may be strided views). On a GPU, gathers are queued on the
+current (compute) stream and restores copied and scattered on a side stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+Rows = list[tuple[str, torch.Tensor, int]]  # (layer name, block-major tensor, page bytes of that layer)
+
+
+class PageSink(Protocol):
+    """Where restored pages land (:class:`PagedKV`, or a benchmark's stand-in)."""
+
+    def scatter(self, gid: int, block_ids: list[int], pages: torch.Tensor) -> Any:
+        """Write host pages ``[n, page_bytes]`` at ``block_ids``; a CUDA event marking them done, or None."""
+        ...
+
+    def gather(self, gid: int, block_ids: list[int]) -> torch.Tensor:
+        """The pages at ``block_ids`` as host int8 ``[n, page_bytes]`` (audit)."""
+        ...
+
+    def zero(self, gid: int, block_id: int) -> None:
+        """Zero-fill the layers of ``gid`` that pages do not carry (drafter layers) at ``block_id``."""
+        ...
+
+
+class PagedKV:
+    """The registered KV tensors of every group, as pages (``rows[gid]``; ``unstored[gid]``: zero-filled layers)."""
+
+    def __init__(self, rows: dict[int, Rows], unstored: dict[int, list[torch.Tensor]] | None = None) -> None:
+        self.rows = rows
+        self.unstored = unstored or {}
+        self._h2d_stream: Any = None
+
+    def device(self, gid: int) -> torch.device:
+        return self.rows[gid][0][1].device
+
+    def page_bytes(self, gid: int) -> int:
+        return sum(b for _, _, b in self.rows[gid])
+
+    def gather(self, gid: int, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Pages of ``block_ids`` as one host int8 tensor ``[n, page_bytes]`` (into ``out``), synchronously. On a
+        GPU the page rows are assembled on the device and cross PCIe in one copy."""
+        dev = self.device(gid)
+        if out is None:
+            out = torch.empty((len(block_ids), self.page_bytes(gid)), dtype=torch.int8, pin_memory=dev.type == "cuda")
+        if dev.type == "cpu":
+            self.gather_on_device(gid, block_ids, out)
+        else:
+            out.copy_(self.gather_on_device(gid, block_ids))
+        return out
+
+    def gather_on_device(self, gid: int, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Pages as ``[n, page_bytes]`` int8 on the KV cache's device, queued on the current stream."""
+        rows = self.rows[gid]
+        dev = self.device(gid)
+        n = len(block_ids)
+        ids = index_tensor(block_ids, dev)
+        dst = out if out is not None else torch.empty((n, self.page_bytes(gid)), dtype=torch.int8, device=dev)
+        off = 0
+        for _, t, nb in rows:
+            dst[:, off:off + nb].copy_(t.index_select(0, ids).reshape(n, -1).view(torch.int8)[:, :nb])
+            off += nb
+        return dst
+
+    def scatter(self, gid: int, block_ids: list[int], pages: torch.Tensor) -> Any:
+        """Write host pages ``[n, page_bytes]`` into the group's layers at ``block_ids``.
+
+        On a GPU: one host -> device copy and the scatter, queued on a side stream (the compute stream keeps
+        running other requests' steps); returns the CUDA event marking them done (None on a CPU: done on return).
+        """
+        dev = self.device(gid)
+        if dev.type == "cpu":
+            self._scatter_rows(gid, index_tensor(block_ids, dev), pages)
+            return None
+        if self._h2d_stream is None:
+            self._h2d_stream = torch.cuda.Stream(device=dev)
+        with torch.cuda.stream(self._h2d_stream):
+            self._scatter_rows(gid, index_tensor(block_ids, dev), pages.to(dev, non_blocking=True))
+            done = torch.cuda.Event()
+            done.record()
+        return done
+
+    def _scatter_rows(self, gid: int, ids: torch.Tensor, src: torch.Tensor) -> None:
+        off = 0
+        n = src.shape[0]
+        for _, t, nb in self.rows[gid]:
+            per_block = t[0].numel() * t.element_size()
+            if nb == per_block:  # page bytes are the block in logical order (gather); index_copy_ takes any strides
+                t.index_copy_(0, ids, src[:, off:off + nb].contiguous().view(t.dtype).reshape(n, *t.shape[1:]))
+            else:  # a padded page: only the real bytes are stored
+                cur = t.index_select(0, ids).contiguous()
+                flat = cur.reshape(n, -1).view(torch.int8)
+                flat[:, :nb].copy_(src[:, off:off + nb])
+                t.index_copy_(0, ids, cur)
+            off += nb
+
+    def zero(self, gid: int, block_id: int) -> None:
+        for t in self.unstored.get(gid, ()):
+            t[block_id].zero_()
+
+
+def index_tensor(block_ids: list[int], dev: torch.device) -> torch.Tensor:
+    """Block ids on ``dev``; on a GPU through pinned memory, so the host does not wait for the stream."""
+    ids = torch.tensor(block_ids, dtype=torch.long)
+    if dev.type == "cpu":
+        return ids
+    return ids.pin_memory().to(dev, non_blocking=True)

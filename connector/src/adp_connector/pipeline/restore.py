@@ -1,0 +1,269 @@
+"""The restore pipeline: pages loaded from a store through staging slabs, checked, scattered into the KV cache.
+
+A job (one request's restore) is split per group into slab-sized store batches. They run in parallel in the
+store's threads (or helpers), as many as there are free staging slabs; each is copied into the KV cache as soon as
+it lands and its slab then takes the next batch (:meth:`RestorePipeline.poll`): host memory stays bounded whatever
+the restore's size. Any page not restored fails the whole job (the caller recomputes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+from ..store.api import Store
+from ..store.results import PageStatus
+from .audit import PageAudit
+from .counters import Counters
+from .pages import PageSink
+from .save import SaveLedger
+from .staging import StagingPool
+
+log = logging.getLogger("vllm.adp_kv.restore")
+
+PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
+
+
+class Cause(str, Enum):
+    """Why a restore failed (the ``cause`` label of ``vllm:adp_kv_load_failures``; docs/connector.md)."""
+
+    EVICTED = "evicted"                        # committed by this worker, gone from its store's index since
+    NEVER_COMMITTED = "never_committed"        # this worker's save of the page was dropped or failed
+    NOT_INDEXED = "not_indexed"                # not in the loading store's index (another writer's page, evicted
+    #                                            by it or not seen by this store's refresh yet)
+    REPLACED = "replaced"                      # the index entry was stale: its writer reused the slot
+    VERIFY_FAILED = "verify_failed"            # header or payload checksum mismatch
+    IO_ERROR = "io_error"                      # device / transport error on the read
+    HELPER_LOST = "helper_lost"                # the I/O helper process exited or its socket broke
+    TARGET_UNREACHABLE = "target_unreachable"  # no store (target down, helper being restarted)
+    TIMED_OUT = "timed_out"                    # pages still in flight at load_timeout_s
+    NO_STAGING = "no_staging"                  # timed out waiting for a free staging slab
+    NOT_PLANNED = "not_planned"                # the scheduler found nothing restorable (a needed block unhashed/null)
+    TP_KEY_MISSING = "tp_key_missing"          # TP > 1: a page's block hash did not reach this rank
+    CACHE_DISABLED = "cache_disabled"          # KV registration failed: the worker serves without the cache
+    SUBMIT_FAILED = "submit_failed"            # the store refused the batch
+
+
+FAILURE_COUNTER_PREFIX = "load_failed_"  # counters named load_failed_<cause>, exported with a cause label
+
+
+def failure_counter(cause: Cause) -> str:
+    return FAILURE_COUNTER_PREFIX + cause.value
+
+
+@dataclass
+class LoadChunk:
+    """Up to one staging slab of one group's pages: one store batch, copied into the KV cache when it lands."""
+
+    gid: int
+    idxs: list[int]  # indices into the job's pages
+    buf: torch.Tensor | None = None  # staging slab (flat int8) while the chunk holds one
+    handle: Any = None  # the store batch, once submitted
+    applied: bool = False
+    copied: Any = None  # GPU: event of the host -> device copy (the slab is busy and the pages not in place before)
+
+
+@dataclass
+class LoadJob:
+    """One request's restore: ``pages`` into their blocks, ``zero`` (group, block) zero-filled on success."""
+
+    req_id: str
+    pages: list[PageRef]
+    zero: list[tuple[int, int]]
+    t0: float
+    failed: str = ""  # '' or why it failed (the cause first; never just a status)
+    cause: Cause | None = None
+    blocks: list[int] = field(default_factory=list)  # vLLM 0.26: reported as load errors if the restore fails
+    chunks: list[LoadChunk] = field(default_factory=list)
+    lost: list[bytes] = field(default_factory=list)  # keys the store did not have (missing, stale or corrupt)
+
+    def fail(self, cause: Cause, detail: str) -> None:
+        """Mark the job failed (the first failure wins)."""
+        if not self.failed:
+            self.cause = cause
+            self.failed = f"{cause.value}: {detail}"
+
+
+class RestorePipeline:
+    """Jobs in flight; :meth:`poll` advances them and returns the finished ones (``job.failed`` '' on success)."""
+
+    def __init__(self, sink: PageSink, pool: StagingPool, page_bytes: dict[int, int], counters: Counters, *,
+                 timeout_s: float, audit: PageAudit | None = None,
+                 discard_corrupt: bool = False, ledger: SaveLedger | None = None) -> None:
+        self.sink = sink
+        self.pool = pool
+        self.page_bytes = page_bytes
+        self.counters = counters
+        self.timeout_s = timeout_s
+        self.audit = audit
+        self.discard_corrupt = discard_corrupt  # drop pages failing verification (our own copies) from the store
+        self.ledger = ledger  # this worker's recent save outcomes: tells an eviction from a save never committed
+        self.jobs: list[LoadJob] = []
+
+    def start(self, job: LoadJob, store: Store | None) -> None:
+        """Track ``job`` and submit its first batches (a job already ``failed`` just finishes at the next poll)."""
+        self.jobs.append(job)
+        if job.failed:
+            return
+        if store is None:
+            job.fail(Cause.TARGET_UNREACHABLE, "no page store (target unreachable or I/O helper restarting)")
+            return
+        if not job.pages:
+            job.fail(Cause.NOT_PLANNED, "nothing restorable was planned")
+            return
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for i, (gid, _, _) in enumerate(job.pages):
+            by_group[gid].append(i)
+        for gid, idxs in by_group.items():
+            per = max(1, self.pool.slab_bytes // self.page_bytes[gid])
+            job.chunks.extend(LoadChunk(gid, idxs[s0:s0 + per]) for s0 in range(0, len(idxs), per))
+        self._feed(job, store)
+
+    def _feed(self, job: LoadJob, store: Store) -> None:
+        """Submit the job's next chunks while staging slabs are free (a temporary buffer only if none can ever be)."""
+        for ch in job.chunks:
+            if job.failed:
+                return
+            if ch.handle is not None:
+                continue
+            pb = self.page_bytes[ch.gid]
+            n = len(ch.idxs)
+            buf = self.pool.take(n * pb, temporary=self.pool.max_slabs == 0)
+            if buf is None:
+                return
+            ch.buf = buf
+            rows = buf[:n * pb].view(n, pb)
+            try:
+                ch.handle = store.load_batch([job.pages[i][2] for i in ch.idxs], [rows[j].numpy() for j in range(n)])
+            except Exception as exc:
+                job.fail(_exception_cause(exc), f"submitting a batch: {type(exc).__name__}: {exc}")
+
+    def poll(self, store: Store | None) -> list[LoadJob]:
+        """Copy landed chunks into the KV cache, feed free slabs; return (and release) the finished jobs."""
+        done: list[LoadJob] = []
+        keep: list[LoadJob] = []
+        now = time.monotonic()
+        for job in self.jobs:
+            for ch in job.chunks:
+                if job.failed:
+                    break
+                if not ch.applied and ch.handle is not None and ch.handle.done():
+                    self._apply_chunk(job, ch, store)
+                    ch.applied = True
+                if ch.applied and ch.buf is not None and (ch.copied is None or ch.copied.query()):
+                    self.pool.give(ch.buf)  # in place: the slab takes the next batch
+                    ch.buf = None
+            if not job.failed and any(ch.handle is None for ch in job.chunks):
+                if store is None:
+                    job.fail(Cause.TARGET_UNREACHABLE, "the page store went away during the restore")
+                else:
+                    self._feed(job, store)
+            in_place = all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
+            if not job.failed and not in_place:
+                if now - job.t0 < self.timeout_s:
+                    keep.append(job)
+                    continue
+                waiting = sum(ch.handle is None for ch in job.chunks)
+                if waiting:
+                    job.fail(Cause.NO_STAGING, f"{waiting}/{len(job.chunks)} batch(es) still waiting for a staging "
+                             f"slab after {self.timeout_s} s (raise staging_mb)")
+                else:
+                    job.fail(Cause.TIMED_OUT, f"{sum(not ch.applied for ch in job.chunks)}/{len(job.chunks)} "
+                             f"batch(es) not landed after {self.timeout_s} s")
+            if not job.failed:
+                for gid, bid in job.zero:
+                    self.sink.zero(gid, bid)
+            self.release(job)
+            if job.failed:
+                self.counters.add(**{"load_fallbacks": 1, failure_counter(job.cause or Cause.IO_ERROR): 1})
+            else:
+                self.counters.add(loads_ok=1)
+            self.counters.add(loads=1, load_s=time.monotonic() - job.t0)
+            done.append(job)
+        self.jobs = keep
+        return done
+
+    def release(self, job: LoadJob) -> None:
+        """Return a finished job's slabs to the pool; a slab the store may still write into (a failed or timed-out
+        restore) returns when that batch completes (a batch always completes: the device or the helper times out)."""
+        pool = self.pool
+        for ch in job.chunks:
+            if ch.buf is None:
+                continue
+            if ch.copied is not None:  # a failed or timed-out job: its queued copies still read the slab
+                ch.copied.synchronize()
+            if ch.handle is None or ch.handle.done():
+                pool.give(ch.buf)
+            else:
+                ch.handle.add_done_callback(lambda _h, buf=ch.buf: pool.give(buf))
+            ch.buf = None
+        job.chunks = []
+
+    def _apply_chunk(self, job: LoadJob, ch: LoadChunk, store: Store | None) -> None:
+        """Check one landed chunk and copy it into the KV cache (or fail the job, naming the cause)."""
+        try:
+            res = ch.handle.wait(0)
+        except Exception as exc:
+            job.fail(_exception_cause(exc), f"{type(exc).__name__}: {exc}")
+            return
+        bad_keys = [r.key for r in res if r.status is PageStatus.VERIFY_FAILED]
+        if bad_keys:
+            self.counters.add(verify_failures=len(bad_keys))
+            if store is not None and self.discard_corrupt:
+                try:  # drop them (our own partition's copies) so the recompute can write good ones
+                    store.discard(bad_keys)
+                except Exception as exc:
+                    log.warning("ADP KV: discarding %d corrupt page(s) failed: %s", len(bad_keys), exc)
+        bad = [r for r in res if r.status is not PageStatus.OK]
+        job.lost.extend(bytes(r.key) for r in bad if r.status in (PageStatus.MISSING, PageStatus.VERIFY_FAILED))
+        if bad:
+            causes = [self.classify(r) for r in bad]
+            first_cause, first_detail = causes[0]
+            by_cause: dict[str, int] = defaultdict(int)
+            for c, _ in causes:
+                by_cause[c.value] += 1
+            mix = "" if len(by_cause) == 1 else " [" + ", ".join(f"{c} {n}" for c, n in by_cause.items()) + "]"
+            job.fail(first_cause, f"{len(bad)}/{len(res)} page(s) not restored{mix} (first: {bad[0].status.value}: "
+                     f"{first_detail})")
+            return
+        pb = self.page_bytes[ch.gid]
+        bids = [job.pages[i][1] for i in ch.idxs]
+        assert ch.buf is not None
+        ch.copied = self.sink.scatter(ch.gid, bids, ch.buf[:len(bids) * pb].view(len(bids), pb))
+        if self.audit is not None:
+            if ch.copied is not None:
+                ch.copied.synchronize()
+            self.audit.record("load", ch.gid, [job.pages[i][2] for i in ch.idxs], self.sink.gather(ch.gid, bids))
+        self.counters.add(pages_loaded=len(res), bytes_loaded=sum(r.nbytes for r in res))
+
+    def classify(self, r: Any) -> tuple[Cause, str]:
+        """The cause of one page that was not restored, and a detail that is never empty."""
+        detail = r.detail or ""
+        if r.status is PageStatus.VERIFY_FAILED:
+            return Cause.VERIFY_FAILED, detail or "checksum mismatch"
+        if r.status is PageStatus.MISSING:
+            if detail.startswith("stale index entry"):
+                return Cause.REPLACED, detail
+            seen = self.ledger.get(bytes(r.key)) if self.ledger is not None else None
+            if seen is not None:
+                outcome, age = seen
+                if outcome == "committed":
+                    return Cause.EVICTED, (f"committed by this worker {age:.1f} s ago, no longer in its store's "
+                                           "index (evicted or discarded)" + (f"; {detail}" if detail else ""))
+                return Cause.NEVER_COMMITTED, f"this worker's save of it {outcome} {age:.1f} s ago"
+            return Cause.NOT_INDEXED, detail or ("not in the loading store's index (another writer's page, evicted "
+                                                 "since the scheduler's lookup, or not refreshed yet)")
+        if detail.startswith("store process"):
+            return Cause.HELPER_LOST, detail
+        return Cause.IO_ERROR, detail or f"status {r.status.value}"
+
+
+def _exception_cause(exc: BaseException) -> Cause:
+    """A batch that raised: a lost I/O helper, or the store refusing it."""
+    return Cause.HELPER_LOST if type(exc).__name__ == "StoreProcessError" else Cause.SUBMIT_FAILED

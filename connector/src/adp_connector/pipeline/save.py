@@ -1,0 +1,236 @@
+"""The save pipeline: pages gathered from the KV cache into staging slabs, handed to a store's writer.
+
+Saves are staged in the step that computed the blocks, so the engine may free and reuse a block right after: on a
+GPU the gather is queued on the compute stream (before any later step's kernels) and the device -> host copy on a
+side stream, and a submitter thread starts the store batch when the copy has landed. Staged bytes in flight are
+capped (``max_pending_bytes``): beyond it, or with no free slab where one is required, a save is dropped (counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+import torch
+
+from ..store.api import Store
+from ..store.results import PageStatus
+from .audit import PageAudit
+from .counters import Counters
+from .pages import PagedKV
+from .staging import StagingPool
+
+log = logging.getLogger("vllm.adp_kv.save")
+
+PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
+D2H_INFLIGHT_BYTES = 1 << 30  # GPU memory of gathered save pages waiting for their device -> host copy
+DROP_COUNTER_PREFIX = "save_dropped_"  # pages of saves not attempted, by cause (exported with a cause label)
+DROP_CAUSES = {
+    "pending_cap": "max_pending_save_mb of saves already in flight",
+    "no_staging": "no free staging slab (staging_mb, shared with restores)",
+    "no_store": "no page store (target unreachable or I/O helper restarting)",
+}
+
+
+class SaveLedger:
+    """The latest save outcome of recent keys ("committed", "dropped ...", "failed ..."), bounded, thread-safe:
+    lets a restore that finds a page missing tell an eviction from a save that never committed."""
+
+    def __init__(self, max_keys: int = 1 << 18) -> None:
+        self.max_keys = max_keys
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
+
+    def record(self, keys: list[bytes], outcome: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for k in keys:
+                self._seen[k] = (outcome, now)
+                self._seen.move_to_end(k)
+            while len(self._seen) > self.max_keys:
+                self._seen.popitem(last=False)
+
+    def get(self, key: bytes) -> tuple[str, float] | None:
+        """(outcome, seconds ago) of ``key``'s latest save here, or None if not seen (or forgotten)."""
+        with self._lock:
+            got = self._seen.get(key)
+        return None if got is None else (got[0], time.monotonic() - got[1])
+
+
+class SavePipeline:
+    """Stage and submit saves; ``failed_keys`` collects the keys whose save failed (by their origin key)."""
+
+    def __init__(self, kv: PagedKV, pool: StagingPool, counters: Counters, *, max_pending_bytes: int,
+                 slab_required: bool, audit: PageAudit | None = None) -> None:
+        self.kv = kv
+        self.pool = pool
+        self.counters = counters
+        self.max_pending_bytes = max_pending_bytes
+        self.slab_required = slab_required  # an I/O helper reads only the shared arena: no temporary buffers
+        self.audit = audit
+        self.pending_bytes = 0  # staged save bytes not yet written (or failed)
+        self.handles: set[Any] = set()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # staged slabs -> the submitter thread
+        self._submitter: threading.Thread | None = None
+        self._d2h_stream: Any = None
+        self._d2h_inflight: deque[tuple[Any, int]] = deque()  # (copy event, bytes) of save copies queued
+        self._d2h_inflight_bytes = 0
+        self._lock = threading.Lock()
+        self._failed_keys: list[bytes] = []
+        self._origin: dict[bytes, bytes] = {}  # this rank's key -> the scheduler's, while saving
+        self.ledger = SaveLedger()
+
+    def save(self, store: Store, gid: int, refs: list[PageRef], origin: dict[bytes, bytes]) -> None:
+        """Save ``refs`` (one group) in slab-sized batches; ``origin`` maps keys to the name failures report."""
+        pb = self.kv.page_bytes(gid)
+        per = max(1, self.pool.slab_bytes // pb)
+        for s0 in range(0, len(refs), per):
+            self._save_chunk(store, gid, refs[s0:s0 + per], pb, origin)
+
+    def take_failed_keys(self) -> list[bytes]:
+        with self._lock:
+            keys, self._failed_keys = self._failed_keys, []
+        return keys
+
+    def _save_chunk(self, store: Store, gid: int, refs: list[PageRef], pb: int, origin: dict[bytes, bytes]) -> None:
+        """Stage up to one slab of pages and queue them for the store (the slab returns to the pool when written)."""
+        nbytes = len(refs) * pb
+        with self._lock:
+            room = self.pending_bytes + nbytes <= self.max_pending_bytes
+            if room:
+                self.pending_bytes += nbytes
+        if not room:
+            self._dropped(refs, origin, "pending_cap")
+            return
+        buf = self.pool.take(nbytes, temporary=not self.slab_required or self.pool.max_slabs == 0)
+        if buf is None:
+            self._dropped(refs, origin, "no_staging")
+            with self._lock:
+                self.pending_bytes -= nbytes
+            return
+        stage = buf[:nbytes].view(len(refs), pb)
+        try:
+            ready = self._stage(gid, [b for _, b, _ in refs], stage)
+        except Exception as exc:
+            log.warning("ADP KV: staging a save failed: %s", exc)
+            self._failed(refs, buf, nbytes, origin)
+            return
+        mine = {k: origin[k] for _, _, k in refs if k in origin}
+        if self._submitter is None:
+            self._submitter = threading.Thread(target=self._submit_loop, name="adpkv-save-submit", daemon=True)
+            self._submitter.start()
+        self._queue.put((ready, store, gid, refs, stage, buf, nbytes, mine))
+
+    def _stage(self, gid: int, block_ids: list[int], out: torch.Tensor) -> Any:
+        """Copy the pages into ``out``; on a GPU asynchronously (returns the CUDA event that marks the copy done)."""
+        dev = self.kv.device(gid)
+        if dev.type != "cuda":
+            self.kv.gather(gid, block_ids, out=out)
+            return None
+        while True:  # bound the GPU memory of gathers waiting for their copy (saves outrunning PCIe)
+            with self._lock:
+                while self._d2h_inflight and self._d2h_inflight[0][0].query():
+                    self._d2h_inflight_bytes -= self._d2h_inflight.popleft()[1]
+                if not self._d2h_inflight or self._d2h_inflight_bytes <= D2H_INFLIGHT_BYTES:
+                    break
+                oldest = self._d2h_inflight[0][0]
+            oldest.synchronize()
+        if self._d2h_stream is None:
+            self._d2h_stream = torch.cuda.Stream(device=dev)
+        gathered = self.kv.gather_on_device(gid, block_ids)  # queued on the compute stream, after this step's forward
+        compute_done = torch.cuda.Event()
+        compute_done.record()
+        side = self._d2h_stream
+        with torch.cuda.stream(side):
+            side.wait_event(compute_done)
+            out.copy_(gathered, non_blocking=True)
+            gathered.record_stream(side)  # the allocator keeps it until the copy has run
+            copied = torch.cuda.Event()
+            copied.record(side)
+        with self._lock:
+            self._d2h_inflight.append((copied, out.numel()))
+            self._d2h_inflight_bytes += out.numel()
+        return copied
+
+    def _submit_loop(self) -> None:
+        """Submitter thread: wait for each staged slab's copy, then start its store batch."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            ready, store, gid, refs, stage, buf, nbytes, origin = item
+            try:
+                if ready is not None:
+                    ready.synchronize()
+                keys = [k for _, _, k in refs]
+                if self.audit is not None:
+                    self.audit.record("save", gid, keys, stage)
+                t0 = time.monotonic()
+                h = store.save_batch(keys, [stage[i].numpy() for i in range(len(refs))])
+            except Exception as exc:
+                log.warning("ADP KV: save failed: %s", exc)
+                self._failed(refs, buf, nbytes, origin)
+                continue
+            with self._lock:
+                self.handles.add(h)
+                self._origin.update(origin)
+            h.add_done_callback(lambda hh, buf=buf, nbytes=nbytes, t0=t0: self._done(hh, buf, nbytes, t0))
+
+    def _dropped(self, refs: list[PageRef], origin: dict[bytes, bytes], cause: str) -> None:
+        """A save not attempted: counted by cause, and reported like a failed one (a later request may save it)."""
+        self.counters.add(**{"saves_dropped": len(refs), DROP_COUNTER_PREFIX + cause: len(refs)})
+        keys = [k for _, _, k in refs]
+        self.ledger.record(keys, f"was dropped ({DROP_CAUSES[cause]})")
+        with self._lock:
+            self._failed_keys.extend(origin.get(k, k) for k in keys)
+
+    def _failed(self, refs: list[PageRef], buf: torch.Tensor, nbytes: int, origin: dict[bytes, bytes]) -> None:
+        self.counters.add(save_errors=len(refs))
+        keys = [k for _, _, k in refs]
+        self.ledger.record(keys, "failed before reaching the store")
+        with self._lock:
+            self.pending_bytes -= nbytes
+            self._failed_keys.extend(origin.get(k, k) for k in keys)
+        self.pool.give(buf)
+
+    def _done(self, h: Any, buf: torch.Tensor, nbytes: int, t0: float) -> None:
+        try:
+            res = h.wait(0)
+        except Exception:
+            res = []
+        ok = [r for r in res if r.status is PageStatus.OK]
+        bad = [r for r in res if r.status not in (PageStatus.OK, PageStatus.EXISTS)]
+        self.ledger.record([bytes(r.key) for r in ok], "committed")
+        for r in bad:
+            self.ledger.record([bytes(r.key)], f"failed ({r.status.value}{': ' + r.detail if r.detail else ''})")
+        self.counters.add(saves=1, pages_saved=len(ok), bytes_saved=sum(r.nbytes for r in ok),
+                          save_s=time.monotonic() - t0, save_errors=len(bad))
+        with self._lock:
+            # reported by the scheduler's (rank 0) key, which is what it schedules saves by
+            self._failed_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in bad)
+            for r in res:
+                self._origin.pop(bytes(r.key), None)
+            self.pending_bytes -= nbytes
+            self.handles.discard(h)
+        self.pool.give(buf)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Let staged and in-flight saves finish (bounded by ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        if self._submitter is not None:  # staged slabs still queued reach the store first
+            self._queue.put(None)
+            self._submitter.join(timeout)
+        while True:
+            with self._lock:
+                pending = list(self.handles)
+            if not pending or time.monotonic() > deadline:
+                break
+            for h in pending:
+                try:
+                    h.wait(max(0.0, deadline - time.monotonic()))
+                except Exception:
+                    pass

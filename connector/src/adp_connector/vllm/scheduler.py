@@ -1,0 +1,304 @@
+"""The scheduler side of the connector: lookups, restore planning at admission, save planning per step.
+
+Runs in the engine-core process against a read-only view of the card (the store index, refreshed every
+``refresh_interval_s``). Contract facts relied on (vLLM 0.32 ``v1/core/sched/scheduler.py``):
+
+* ``get_num_new_matched_tokens -> (n, True)``: loads are asynchronous; under ``kv_load_failure_policy="recompute"``
+  a failed load resets the request, which asks again: failed requests are remembered and get 0 the second time;
+* ``build_connector_meta`` runs before ``_update_after_schedule``, so ``request.num_computed_tokens`` is the value
+  before this step; ``scheduler_output.kv_connector_block_state`` gives block tables and the Mamba "align"
+  boundary states committed by this step (vLLM 0.26: :class:`.compat.BlockTables`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..pipeline.counters import Counters
+from .backend import StoreLink
+from .compat import BlockTables
+from .config import ADPConfig
+from .layouts import GroupKind, GroupLayout, best_hit
+from .metadata import ADPMetadata, PageRef
+from .naming import PageNamer
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger("vllm.adp_kv.connector")
+
+RECENT_SAVES = 65536  # keys remembered as "being saved" until the store index shows them
+RECENT_SAVE_TTL_S = 10.0  # > a save's write + the scheduler index refresh (1 s): then failed saves are retried
+LOST_KEYS = 1 << 18  # keys remembered as "not on the card" though the index may still list them
+
+
+@dataclass
+class _Req:
+    request: Any
+    saved_blocks: dict[int, int] = field(default_factory=dict)  # group -> blocks handled (saved or skipped)
+
+
+class SchedulerSide:
+    """Per-request planning state of the scheduler-role connector."""
+
+    def __init__(self, cfg: ADPConfig, layouts: list[GroupLayout], namer: PageNamer, link: StoreLink,
+                 counters: Counters, *, legacy: bool) -> None:
+        self.cfg = cfg
+        self.layouts = layouts
+        self.namer = namer
+        self.link = link
+        self.counters = counters
+        self.legacy = legacy
+        self.hash_block_size = namer.hash_block_size
+        self._reqs: dict[str, _Req] = {}
+        self._pending_hit: dict[str, int] = {}
+        self._failed: set[str] = set()
+        self._meta_loads: dict[str, list[PageRef]] = {}
+        self._meta_zero: dict[str, list[tuple[int, int]]] = {}
+        # key -> when its save was scheduled; skipped for RECENT_SAVE_TTL_S while the write may be in flight.
+        # After that the (refreshed) store index decides: a save that failed is scheduled again.
+        self._recent_saves: OrderedDict[bytes, float] = OrderedDict()
+        self._planned: dict[str, list[bytes]] = {}  # rid -> keys of its restore in flight
+        self._suspect: set[bytes] = set()  # keys of failed restores: rewrite them even if the index has them
+        # Keys the workers found gone (evicted, missing at a restore): the index may list them until its next
+        # refresh, so they are neither offered as hits nor skipped as stored until lost_ttl_s has passed.
+        self._lost: OrderedDict[bytes, float] = OrderedDict()
+        self.lost_ttl_s = max(RECENT_SAVE_TTL_S, 5 * cfg.refresh_interval_s)
+        self.tables = BlockTables()  # vLLM 0.26 only
+        self._meta_load_blocks: dict[str, list[int]] = {}
+        self._meta_hashes: dict[bytes, bytes] = {}  # TP > 1: key -> block hash of the keys planned for this step
+        self._key_cache: dict[str, dict[int, list[bytes]]] = {}  # rid -> group -> keys of its leading blocks
+
+    # ------------------------------------------------------------------ lookups and restores
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens beyond ``num_computed_tokens`` restorable from the card (loaded asynchronously)."""
+        rid = request.request_id
+        if not self.cfg.load or rid in self._failed or getattr(request, "skip_reading_prefix_cache", False):
+            return 0, False
+        store = self.link.store
+        if store is None:
+            self.counters.add(store_unavailable=1)
+            return 0, False
+        hashes = request.block_hashes
+        # Leave >= 1 token to compute (and never restore a recurrent state at the very last token).
+        hashed = len(hashes) * self.hash_block_size
+        max_tokens = min(request.num_tokens - 1, hashed)
+        if max_tokens <= num_computed_tokens:  # the local hit already covers all a restore could add: no lookup
+            self._pending_hit.pop(rid, None)
+            return 0, False
+        present: dict[int, list[bool]] = {}
+        for g in self.layouts:
+            if not g.persists:
+                continue
+            nblk = max_tokens // g.block_size
+            if g.stores_drafter and (nblk + 1) * g.block_size <= hashed:
+                nblk += 1  # the page after the hit decides whether its last block's drafter KV fits this request
+            keys = self._lookup_keys(rid, g, hashes, nblk)
+            found = store.contains(keys) if keys else []
+            present[g.group_id] = [f and not self._is_lost(k) for k, f in zip(keys, found, strict=True)]
+        hit = best_hit(self.layouts, present, max_tokens)
+        self.counters.add(lookups=1, lookup_hit_tokens=max(hit - num_computed_tokens, 0))
+        unit_blocks = self.cfg.min_hit_blocks * max((g.block_size for g in self.layouts), default=1)
+        if hit <= num_computed_tokens or hit < unit_blocks:
+            self._pending_hit.pop(rid, None)
+            return 0, False
+        if hit - num_computed_tokens < self.cfg.min_load_tokens:  # cheaper to compute than an extra engine step
+            self.counters.add(async_loads_skipped=1)
+            self._pending_hit.pop(rid, None)
+            return 0, False
+        self._pending_hit[rid] = hit
+        log.debug("ADP KV: %s external hit %d tokens (local %d)", rid, hit, num_computed_tokens)
+        return hit - num_computed_tokens, True
+
+    def _lookup_keys(self, rid: str, g: GroupLayout, hashes: list, nblk: int) -> list[bytes]:
+        """Keys of ``g``'s first ``nblk`` blocks (fewer if their hashes are not known yet), derived once per
+        request: vLLM asks again every step a request waits, and a long prompt has thousands of blocks."""
+        cache = self._key_cache.setdefault(rid, {}).setdefault(g.group_id, [])
+        for j in range(len(cache), nblk):
+            key = self.namer.key(g, hashes, j)
+            if key is None:
+                break
+            cache.append(bytes(key))
+        return cache[:nblk]
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        """Plan the restore of the blocks the scheduler just allocated for an external hit."""
+        rid = request.request_id
+        st = self._reqs.setdefault(rid, _Req(request))
+        st.request = request
+        hit = self._pending_hit.pop(rid, None)
+        if num_external_tokens <= 0 or hit is None:
+            return
+        start = hit - num_external_tokens
+        block_ids = blocks.get_block_ids()
+        pages: list[PageRef] = []
+        zero: list[tuple[int, int]] = []
+        fail_blocks: list[int] = []  # every block the restore fills (a failure must name at least one)
+        ok = True
+        for g in self.layouts:
+            ids = block_ids[g.group_id] if g.group_id < len(block_ids) else []
+            nblk = hit // g.block_size
+            st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), nblk)
+            if not g.persists:
+                continue
+            first = start // g.block_size
+            fail_blocks.extend(b for b in ids[first:nblk] if b != 0)
+            for j in g.needed_blocks(nblk):
+                if j < first:
+                    continue
+                bid = ids[j] if j < len(ids) else 0
+                if bid == 0:
+                    # Null block: outside the window (fine for SWA); a prefix block or the recurrent state at the
+                    # boundary must exist, else restoring would leave the layer without its KV.
+                    if g.kind in (GroupKind.FULL, GroupKind.MLA, GroupKind.STATE):
+                        ok = False
+                    continue
+                key = self.namer.key(g, request.block_hashes, j, self._meta_hashes)
+                if key is None:
+                    ok = False
+                    continue
+                pages.append((g.group_id, bid, bytes(key)))
+                if g.zero_filled_layers:
+                    zero.append((g.group_id, bid))
+        if not ok or not pages:
+            pages = []  # an empty restore reported as failed -> recompute
+        self._meta_loads[rid] = pages
+        self._meta_zero[rid] = zero
+        self._meta_load_blocks[rid] = fail_blocks
+        self._planned[rid] = [k for _, _, k in pages]
+
+    def _is_lost(self, key: bytes) -> bool:
+        """True while the workers' report that ``key`` is not on the card is newer than the index can be."""
+        if not self._lost:
+            return False
+        t = self._lost.get(key)
+        if t is None:
+            return False
+        if time.monotonic() - t < self.lost_ttl_s:
+            return True
+        del self._lost[key]
+        return False
+
+    # ------------------------------------------------------------------ per step
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ADPMetadata:
+        """This step's restores (planned at admission) and saves (blocks this step fills)."""
+        meta = ADPMetadata(loads=self._meta_loads, zero=self._meta_zero,
+                           load_blocks=self._meta_load_blocks if self.legacy else {}, block_hashes=self._meta_hashes)
+        self._meta_loads, self._meta_zero, self._meta_load_blocks = {}, {}, {}
+        try:  # the saves planned below add their block hashes to meta.block_hashes (TP > 1)
+            return self._plan_saves(scheduler_output, meta)
+        finally:
+            self._meta_hashes = {}
+
+    def _plan_saves(self, scheduler_output: SchedulerOutput, meta: ADPMetadata) -> ADPMetadata:
+        """Add the blocks this step fills (and the Mamba boundary states it offers) to ``meta.saves``."""
+        if self.legacy:
+            self.tables.update(scheduler_output)
+            bs_state: Any = self.tables
+        else:
+            bs_state = getattr(scheduler_output, "kv_connector_block_state", None)
+        store = self.link.store
+        if not self.cfg.save or store is None or bs_state is None:
+            return meta
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens or {}
+        offloads = getattr(bs_state, "boundary_state_offloads", None) or {}
+        hashes_out = meta.block_hashes
+        cand: list[PageRef] = []
+        for rid, n_sched in scheduler_output.num_scheduled_tokens.items():
+            st = self._reqs.get(rid)
+            if st is None:
+                continue
+            req = st.request
+            hashes = req.block_hashes
+            done = req.num_computed_tokens + n_sched - len(spec_tokens.get(rid, ()))
+            done = min(done, len(hashes) * self.hash_block_size)
+            table = bs_state.get_block_ids(rid)
+            if table is None:
+                continue
+            for g in self.layouts:
+                if not g.persists or g.kind is GroupKind.STATE:
+                    continue
+                ids = table[g.group_id]
+                upto = min(done // g.block_size, len(ids))
+                for j in range(st.saved_blocks.get(g.group_id, 0), upto):
+                    key = self.namer.key(g, hashes, j, hashes_out) if ids[j] != 0 else None
+                    if key is not None:
+                        cand.append((g.group_id, ids[j], bytes(key)))
+                st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), upto)
+            for gid, bid, boundary in offloads.get(rid, ()):
+                g = self.layouts[gid]
+                if not g.persists or g.kind is not GroupKind.STATE or boundary % g.block_size or bid == 0:
+                    continue
+                key = self.namer.key(g, hashes, boundary // g.block_size - 1, hashes_out)
+                if key is not None:
+                    cand.append((gid, bid, bytes(key)))
+        if len({k for _, _, k in cand}) != len(cand):  # several requests filled the same block this step
+            seen: set[bytes] = set()
+            unique = [c for c in cand if not (c[2] in seen or seen.add(c[2]))]
+            self.counters.add(saves_deduped=len(cand) - len(unique))
+            cand = unique
+        now = time.monotonic()
+        recent = self._recent_saves
+        cand = [c for c in cand
+                if c[2] in self._suspect or now - recent.get(c[2], -RECENT_SAVE_TTL_S) >= RECENT_SAVE_TTL_S]
+        if cand:
+            known = store.contains([k for _, _, k in cand])
+            meta.saves = [c for c, k in zip(cand, known, strict=True)
+                          if not k or c[2] in self._suspect or self._is_lost(c[2])]
+            self._suspect.difference_update(k for _, _, k in meta.saves)
+            for _, _, k in meta.saves:
+                recent[k] = now
+                recent.move_to_end(k)
+            while len(self._recent_saves) > RECENT_SAVES:
+                self._recent_saves.popitem(last=False)
+        return meta
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Remember failed restores so the recomputing request is not offered the same pages again;
+        forget failed saves so a later request saves those pages again."""
+        wm = getattr(connector_output, "kv_connector_worker_meta", None)
+        for k in getattr(wm, "failed_saves", ()):
+            self._recent_saves.pop(k, None)
+        lost = getattr(wm, "lost", ())
+        if lost:
+            now = time.monotonic()
+            for k in lost:
+                self._lost[k] = now
+                self._lost.move_to_end(k)
+                self._recent_saves.pop(k, None)  # save it again when a request computes it
+            while len(self._lost) > LOST_KEYS:
+                self._lost.popitem(last=False)
+        reported = set(getattr(wm, "failed_loads", ()))
+        failed = set(getattr(connector_output, "failed_recving", None) or ()) | reported
+        if failed:
+            self._failed.update(failed)
+            lost_set = set(lost)
+            for rid in failed:
+                # The recompute rewrites the pages the card did not serve (the worker discarded the ones that failed
+                # verification): those the workers named, or, without their report, every page of the restore.
+                st = self._reqs.get(rid)
+                if st is not None:
+                    st.saved_blocks.clear()
+                planned = self._planned.pop(rid, ())
+                self._suspect.update(k for k in planned if k in lost_set or rid not in reported)
+        for rid in getattr(connector_output, "finished_recving", None) or ():
+            if rid not in (failed or ()):
+                self._planned.pop(rid, None)
+
+    def request_finished(self, rid: str) -> None:
+        """Forget a finished request (its saves were staged when its blocks were computed)."""
+        self._reqs.pop(rid, None)
+        self._key_cache.pop(rid, None)
+        self.tables.drop(rid)
+        self._planned.pop(rid, None)
+        self._pending_hit.pop(rid, None)
+        self._failed.discard(rid)

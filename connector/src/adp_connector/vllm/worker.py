@@ -1,0 +1,220 @@
+"""The worker side of the connector: KV registration, and the engine's hooks onto the save and restore pipelines.
+
+One instance per GPU worker (TP/PP rank). Pages cross through staging slabs (:class:`~adp_connector.pipeline.
+StagingPool`, carved from the I/O helper's shared arena with ``io_process``); the pipelines themselves are vLLM-free
+(:mod:`adp_connector.pipeline`). This module maps the scheduler's metadata onto them: this rank's keys (TP > 1),
+failures reported as ``failed_recving`` (or, vLLM 0.26, block ids and a worker-metadata note).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+
+import torch
+
+from ..pipeline import (
+    Cause,
+    Counters,
+    LoadJob,
+    PageAudit,
+    PagedKV,
+    RestorePipeline,
+    SavePipeline,
+    StagingPool,
+    failure_counter,
+)
+from ..pipeline.save import DROP_COUNTER_PREFIX
+from ..store.process import SharedArena
+from .backend import StoreLink
+from .compat import KVConnectorTransferResults
+from .config import ADPConfig
+from .layouts import GroupLayout
+from .metadata import ADPMetadata, ADPWorkerMetadata, PageRef
+from .naming import PageNamer
+
+log = logging.getLogger("vllm.adp_kv.connector")
+
+
+class WorkerSide:
+    """KV tensors as pages, staging, and the two pipelines of one worker-role connector."""
+
+    def __init__(self, cfg: ADPConfig, layouts: list[GroupLayout], namer: PageNamer, link: StoreLink,
+                 counters: Counters, *, num_blocks: int, slab_bytes: int, arena: SharedArena | None,
+                 audit: PageAudit | None, legacy: bool) -> None:
+        self.cfg = cfg
+        self.layouts = layouts
+        self.namer = namer
+        self.link = link
+        self.counters = counters
+        self.num_blocks = num_blocks
+        self.slab_bytes = slab_bytes
+        self.arena = arena
+        self.audit = audit
+        self.legacy = legacy
+        self.tp_rank = namer.tp_rank
+        self.kv: PagedKV | None = None
+        self.pool: StagingPool | None = None  # created with the KV caches (pinned when they are on a GPU)
+        self.restores: RestorePipeline | None = None
+        self.saves: SavePipeline | None = None
+        self.disabled = ""
+        self._unstarted: list[LoadJob] = []  # restores failed before any pipeline existed (cache disabled)
+        self._lock = threading.Lock()
+        self._failed_load_reqs: list[str] = []  # failed restores, reported by build_worker_meta
+        self._load_error_blocks: set[int] = set()  # vLLM 0.26: get_block_ids_with_load_errors
+        self._lost: list[bytes] = []  # scheduler keys the card did not serve (reported by build_worker_meta)
+        self._origins: dict[str, dict[bytes, bytes]] = {}  # restore in flight -> this rank's key -> scheduler's
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Map every group's layers to their per-block byte slices (validated against the layout)."""
+        rows_by_group: dict[int, list[tuple[str, torch.Tensor, int]]] = {}
+        drafts_by_group: dict[int, list[torch.Tensor]] = {}
+        try:
+            for g in self.layouts:
+                rows: list[tuple[str, torch.Tensor, int]] = []
+                drafts: list[torch.Tensor] = []
+                for la in g.layers:
+                    t = kv_caches.get(la.name)
+                    if t is None:
+                        raise ValueError(f"layer {la.name} of group {g.group_id} was not registered")
+                    if isinstance(t, (list, tuple)):
+                        raise ValueError(f"layer {la.name}: per-state tensor lists (vLLM < 0.32) are not supported")
+                    if t.shape[0] != self.num_blocks:
+                        raise ValueError(f"layer {la.name}: dim 0 is {t.shape[0]}, expected {self.num_blocks} "
+                                         "blocks (kernel-block split or K/V-first layout)")
+                    per_block = t[0].numel() * t.element_size()
+                    if la.persisted and per_block < la.page_bytes:
+                        raise ValueError(f"layer {la.name}: {per_block} B per block < layout {la.page_bytes} B")
+                    if la.persisted:
+                        rows.append((la.name, t, la.page_bytes))
+                    else:
+                        drafts.append(t)
+                rows_by_group[g.group_id] = rows
+                drafts_by_group[g.group_id] = drafts
+        except ValueError as exc:
+            self.disabled = str(exc)
+            log.error("ADP KV: cache disabled: %s", exc)
+            return
+        self.kv = PagedKV(rows_by_group, drafts_by_group)
+        biggest = max((g.page_bytes for g in self.layouts if g.persists), default=0)
+        if not biggest:
+            return
+        devs = [rows[0][1].device for rows in rows_by_group.values() if rows]
+        slab = max(biggest, self.slab_bytes // biggest * biggest)
+        arena = torch.frombuffer(self.arena.map, dtype=torch.int8) if self.arena is not None else None
+        self.pool = StagingPool(slab, self.cfg.staging_mb << 20, pinned=bool(devs) and devs[0].type == "cuda",
+                                arena=arena)
+        page_bytes = {g.group_id: g.page_bytes for g in self.layouts if g.persists}
+        # With the I/O helper a buffer outside the shared arena would cross its socket: drop the save instead.
+        self.saves = SavePipeline(self.kv, self.pool, self.counters,
+                                  max_pending_bytes=self.cfg.max_pending_save_mb << 20,
+                                  slab_required=self.arena is not None, audit=self.audit)
+        self.restores = RestorePipeline(self.kv, self.pool, page_bytes, self.counters,
+                                        timeout_s=self.cfg.load_timeout_s, audit=self.audit,
+                                        discard_corrupt=self.cfg.save, ledger=self.saves.ledger)
+
+    # ------------------------------------------------------------------ restores
+
+    def start_load_kv(self, meta: ADPMetadata) -> None:
+        """Submit this step's restores; they complete in the store's threads (see :meth:`get_transfer_results`)."""
+        store = self.link.store
+        for rid, planned in meta.loads.items():
+            mine = [(gid, bid, self.namer.rank_key(gid, key, meta.block_hashes)) for gid, bid, key in planned]
+            pages = [(gid, bid, key) for gid, bid, key in mine if key is not None]
+            job = LoadJob(rid, pages, meta.zero.get(rid, []), time.monotonic(), blocks=meta.load_blocks.get(rid, []))
+            self._origins[rid] = {mk: key for (_, _, key), (_, _, mk) in zip(planned, mine, strict=True)
+                                  if mk is not None and mk != key}
+            if len(pages) != len(planned):
+                job.fail(Cause.TP_KEY_MISSING, "a page's block hash is missing for this TP rank")
+            elif self.disabled:
+                job.fail(Cause.CACHE_DISABLED, self.disabled)
+            if self.restores is None:
+                job.fail(Cause.CACHE_DISABLED, "no KV caches registered")
+                self._unstarted.append(job)
+                continue
+            self.restores.start(job, store)
+
+    def get_transfer_results(self) -> KVConnectorTransferResults:
+        """Copy landed restore chunks into the KV cache; report finished restores and failures (-> recompute)."""
+        out = KVConnectorTransferResults()
+        finished, self._unstarted = self._unstarted, []
+        if self.restores is not None:
+            finished += self.restores.poll(self.link.store)
+        for job in finished:
+            out.finished_recving.add(job.req_id)
+            origin = self._origins.pop(job.req_id, {})
+            if not job.failed:
+                continue
+            if job.lost:
+                with self._lock:
+                    self._lost.extend(origin.get(k, k) for k in job.lost)
+            out.failed_recving.add(job.req_id)
+            with self._lock:  # named in the worker metadata beside the keys it lost (and, on 0.26, as the report)
+                self._failed_load_reqs.append(job.req_id)
+            if self.legacy:  # vLLM 0.26: block-level report (every block the restore was to fill)
+                self._load_error_blocks.update(job.blocks)
+            log.warning("ADP KV: restore of %s failed (%s); the request recomputes", job.req_id, job.failed)
+            if self.restores is None:
+                self.counters.add(**{"load_fallbacks": 1, "loads": 1, "load_s": time.monotonic() - job.t0,
+                                     failure_counter(job.cause or Cause.CACHE_DISABLED): 1})
+        return out
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """vLLM 0.26: blocks of failed restores since the last call (the scheduler recomputes from the first)."""
+        out, self._load_error_blocks = self._load_error_blocks, set()
+        return out
+
+    # ------------------------------------------------------------------ saves
+
+    def wait_for_save(self, meta: ADPMetadata) -> None:
+        """Stage the pages this step filled (device -> host) and hand them to the store's writer."""
+        if not meta.saves or self.disabled or self.saves is None:
+            return
+        store = self.link.store
+        by_group: dict[int, list[PageRef]] = defaultdict(list)
+        origin: dict[bytes, bytes] = {}  # this rank's key -> the scheduler's
+        for gid, bid, key in meta.saves:
+            g = self.layouts[gid]
+            if g.tp_replicated and self.tp_rank != 0:
+                continue  # identical on every rank: rank 0 writes it
+            mine = self.namer.rank_key(gid, key, meta.block_hashes)
+            if mine is not None:
+                by_group[gid].append((gid, bid, mine))
+                if mine != key:
+                    origin[mine] = key
+        if store is None:
+            n = sum(len(v) for v in by_group.values())
+            self.counters.add(**{"saves_dropped": n, "store_unavailable": 1, DROP_COUNTER_PREFIX + "no_store": n})
+            return
+        for gid, refs in by_group.items():
+            self.saves.save(store, gid, refs, origin)
+
+    def build_worker_meta(self) -> ADPWorkerMetadata | None:
+        """Keys whose save failed since the last step (device full, target gone...): saved again later."""
+        keys = self.saves.take_failed_keys() if self.saves is not None else []
+        evicted = self._take_evicted()
+        with self._lock:
+            reqs, self._failed_load_reqs = self._failed_load_reqs, []
+            lost, self._lost = self._lost + evicted, []
+        return ADPWorkerMetadata(keys, reqs, lost) if keys or reqs or lost else None
+
+    def _take_evicted(self) -> list[bytes]:
+        """Keys this rank's writer evicted or discarded since the last call, where the store reports them
+        (``take_evicted_keys``, optional: a store without it is told of losses only by failed restores). Only
+        keys that are the scheduler's own (rank 0, or groups identical on every rank) mean anything there."""
+        store = self.link.store
+        take = getattr(store, "take_evicted_keys", None)
+        if take is None or (self.tp_rank != 0 and not all(g.tp_replicated for g in self.layouts)):
+            return []
+        try:
+            return [bytes(k) for k in take()]
+        except Exception as exc:
+            log.debug("ADP KV: take_evicted_keys failed: %s", exc)
+            return []
+
+    def close(self) -> None:
+        """Let in-flight saves finish (bounded)."""
+        if self.saves is not None:
+            self.saves.close(30.0)
