@@ -36,7 +36,7 @@ esac
 # PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break imports beside the CPU torch;
 # text-only tests need none of them.
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
-"$VENV/bin/pip" install -e "$ROOT/wire[test]" -e "$ROOT/connector[test]" -e "$ROOT/emulator[test]" -e "$ROOT/testbed[test]" \
+"$VENV/bin/pip" install -e "$ROOT/wire[test]" -e "$ROOT/connector[test]" -e "$ROOT/emulator[test]" -e "$ROOT/testbed[test,report]" \
     pytest hypothesis pytest-timeout transformers psutil
 # Smoke: vLLM imports, the plugin entry point registers the connector, transformers can build the tiny models.
 "$VENV/bin/python" - <<'PY'
