@@ -29,11 +29,6 @@ class ExtentAllocator:
         """Total free LBAs."""
         return sum(self._lens)
 
-    @property
-    def largest_free(self) -> int:
-        """Largest contiguous free extent, in LBAs."""
-        return max(self._lens, default=0)
-
     def alloc(self, n: int) -> int | None:
         """Take ``n`` contiguous LBAs; returns the first LBA or None when no extent is large enough."""
         for i, ln in enumerate(self._lens):

@@ -59,12 +59,18 @@ def seeded_crc(seed: int, data: bytes | memoryview) -> int:
     return crc32c.crc32c(data, seed)
 
 
-def page_checksum(key: bytes, seq: int, length: int, payload: bytes | bytearray | memoryview) -> bytes:
-    """XXH3-128 over ``key || seq || length || payload`` (binds the bytes to the key and the version)."""
+def page_checksum(key: bytes, seq: int, length: int, payload: bytes | bytearray | memoryview,
+                  *more: bytes | bytearray | memoryview) -> bytes:
+    """XXH3-128 over ``key || seq || length || payload`` (binds the bytes to the key and the version).
+
+    ``more`` continues the payload (a page read as body and tail hashes as if it were one buffer).
+    """
     h = xxhash.xxh3_128()
     h.update(key)
     h.update(struct.pack("<QQ", seq, length))
     h.update(payload)
+    for part in more:
+        h.update(part)
     return h.digest()
 
 
