@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 
 import xxhash
 
-from .alloc import ExtentAllocator
 from .core import SCAN_CHUNK, Loc, StoreCore
 from .format import (
-    EMPTY_SLOT,
-    SLOT_ENTRY_BYTES,
     unpack_slots,
 )
 
 log = logging.getLogger("adp_connector.store.store")
+_REFRESH_GROUP = 64  # slot tables read in parallel by a refresh
 
 
 class IndexMixin(StoreCore):
@@ -50,50 +47,68 @@ class IndexMixin(StoreCore):
             return None if loc is None else loc.length
 
     def indexed_keys(self) -> list[bytes]:
-        """Every indexed key (own partition and, as of the last refresh, the others)."""
+        """Every indexed key (own segments and, as of the last refresh, the others)."""
         with self._lock:
             return list(self._own) + [k for k in self._foreign if k not in self._own]
 
 
     def refresh(self) -> None:
-        """Re-read the slot tables of every other partition so their pages become visible (or vanish)."""
+        """Re-read the slot tables of every segment not ours so other writers' pages become visible (or vanish)."""
         with self._refresh_lock:  # one at a time: the digest cache must match the installed index
             self._refresh()
 
     def _refresh(self) -> None:
         g = self.geometry
+        with self._lock:
+            mine = set(self._segs)
+        todo = [x for x in range(g.segments) if x not in mine]
         new: dict[int, dict[bytes, Loc]] = {}
         changed = False
         digests = self._table_digests
-        for p in range(g.partitions):
-            if p == self._partition:
-                continue
-            try:
-                img = self._read_region(g.partition_base(p), g.slot_table_bytes)
-            except Exception:
-                self.stats.add(io_errors=1)
-                new[p] = self._foreign_parts.get(p, {})
-                continue
-            # Parsing a large table is the expensive part (and holds the GIL): skip it when the table is unchanged.
-            d = xxhash.xxh3_128_digest(img)
-            if digests.get(p) == d and p in self._foreign_parts:
-                new[p] = self._foreign_parts[p]
-                continue
-            digests[p] = d
-            changed = True
-            new[p] = {k: loc for k, loc in self._valid_entries(p, img)[0].items()}
+        for i in range(0, len(todo), _REFRESH_GROUP):
+            group = todo[i:i + _REFRESH_GROUP]
+            for seg, img in zip(group, self._read_tables(group), strict=True):
+                if img is None:
+                    self.stats.add(io_errors=1)
+                    new[seg] = self._foreign_parts.get(seg, {})
+                    continue
+                # Parsing a large table is the expensive part (and holds the GIL): skip an unchanged one.
+                d = xxhash.xxh3_128_digest(img)
+                if digests.get(seg) == d and seg in self._foreign_parts:
+                    new[seg] = self._foreign_parts[seg]
+                    continue
+                digests[seg] = d
+                changed = True
+                new[seg] = self._valid_entries(seg, img)[0]
         if not changed and set(new) == set(self._foreign_parts):
             self.stats.add(refreshes=1)
             return
         with self._lock:
-            mine = self._partition
-            self._foreign_parts = {p: d for p, d in new.items() if p != mine}
+            self._foreign_parts = {x: d for x, d in new.items() if x not in self._segs}
             merged: dict[bytes, Loc] = {}
             for d in self._foreign_parts.values():
                 merged.update(d)
             self._foreign = merged
         self.stats.add(refreshes=1)
 
+    def _read_tables(self, segs: list[int]) -> list[bytearray | None]:
+        """The slot tables of ``segs``, read in parallel (None where a read failed)."""
+        g = self.geometry
+        n = g.slot_table_bytes
+        imgs = [bytearray(n) for _ in segs]
+        futs = []
+        for seg, img in zip(segs, imgs, strict=True):
+            mv, off = memoryview(img), g.segment_base(seg)
+            futs.append([self._dev.submit_read(off + i, mv[i:i + SCAN_CHUNK]) for i in range(0, n, SCAN_CHUNK)])
+        out: list[bytearray | None] = []
+        for img, fs in zip(imgs, futs, strict=True):
+            try:
+                for f in fs:
+                    f.result(self.config.io_timeout_s)
+                out.append(img)
+            except Exception:
+                out.append(None)
+        return out
 
     def _read_region(self, off: int, n: int) -> bytearray:
         buf = bytearray(n)
@@ -104,7 +119,8 @@ class IndexMixin(StoreCore):
         return buf
 
     def _valid_entries(self, p: int, img: bytearray) -> tuple[dict[bytes, Loc], list[int]]:
-        """Usable entries of one slot table (one per key, no overlapping extents) and the slots to clear."""
+        """Usable entries of segment ``p``'s slot table (one per key, no overlapping extents) and the slots to
+        clear."""
         g = self.geometry
         start = g.data_start_lba(p)
         end = start + g.data_lbas
@@ -134,28 +150,6 @@ class IndexMixin(StoreCore):
                     accepted.pop()
             accepted.append((k, loc))
         return dict(accepted), bad
-
-    def _recover(self, p: int) -> None:
-        """Rebuild the own partition's allocator, LRU order (by sequence) and free slots from its slot table."""
-        g = self.geometry
-        img = self._read_region(g.partition_base(p), g.slot_table_bytes)
-        good, bad = self._valid_entries(p, img)
-        for s in bad:
-            img[s * SLOT_ENTRY_BYTES:(s + 1) * SLOT_ENTRY_BYTES] = EMPTY_SLOT
-        start = g.data_start_lba(p)
-        with self._lock:
-            self._partition = p
-            self._slot_image = img
-            self._alloc = ExtentAllocator(start, start + g.data_lbas,
-                                          [(loc.lba, g.page_lbas(loc.length)) for loc in good.values()])
-            self._own = OrderedDict(sorted(good.items(), key=lambda kv: kv[1].seq))
-            used = {loc.slot for loc in good.values()}
-            self._slot_hwm = max(used) + 1 if used else 0
-            self._slot_free = [s for s in range(self._slot_hwm - 1, -1, -1) if s not in used]
-            self._next_seq = max((loc.seq for loc in good.values()), default=0) + 1
-        if bad:
-            self._write_slots(p, bad)
-
 
     def _refresh_for(self, keys: list[bytes]) -> None:
         """A load asks for keys this store has not indexed: another writer may have saved them since the last

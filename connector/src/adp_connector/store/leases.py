@@ -1,4 +1,4 @@
-"""Writer leases: claim a partition without compare-and-swap, heartbeat it, notice losing it (format.md §9)."""
+"""Writer leases: claim a writer slot without compare-and-swap, heartbeat it, notice losing it (format.md §9)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ log = logging.getLogger("adp_connector.store.store")
 
 
 class LeaseMixin(StoreCore):
-    """Claims and renews the writer lease of one partition."""
+    """Claims and renews the writer lease of one writer slot."""
 
     def heartbeat(self) -> bool:
-        """Renew this writer's lease; False (and read-only from then on) if it was lost."""
+        """Renew this writer's lease (publishing how many segments it asks for) and hand segments over to writers
+        that ask, when this one holds more than its fair share; False (and read-only from then on) if lost."""
         with self._lease_lock:
             p, lease = self._partition, self._lease
             if p is None or lease is None:
@@ -31,24 +32,29 @@ class LeaseMixin(StoreCore):
                 self._lose_lease("lease expired before renewal")
                 return False
             try:
-                cur = self._read_lease(p)
+                table = self._read_lease_table()
             except Exception:
                 self.stats.add(io_errors=1)
                 return True  # retried by the next heartbeat; lost for real only after the TTL
+            cur = table[p]
             if cur is None or (cur.writer_id, cur.instance, cur.generation) != (
                     lease.writer_id, lease.instance, lease.generation):
                 self._lose_lease("lease taken over by another writer")
                 return False
             new = LeaseRecord(p, LEASE_HELD, lease.writer_id, lease.instance, lease.generation, time.time_ns(),
-                              lease.ttl_ns, lease.label)
+                              lease.ttl_ns, lease.label, self._wanted)
             try:
                 self._write_lease(new)
             except Exception:
                 self.stats.add(io_errors=1)
                 return True
             self._lease, self._lease_ok = new, started
-            return True
-
+        try:
+            self._hand_over(table)
+        except Exception as exc:
+            self.stats.add(io_errors=1)
+            log.warning("page store: segment handover failed: %s", exc)
+        return True
 
     def _hb_interval(self) -> float:
         cfg = self.config
@@ -70,10 +76,10 @@ class LeaseMixin(StoreCore):
 
     def _write_lease(self, rec: LeaseRecord) -> None:
         raw = pack_lease(rec, self._seed).ljust(self.geometry.lease_record_bytes, b"\0")
-        self._dev.write(self.geometry.lease_offset(rec.partition), raw, self.config.io_timeout_s)
+        self._dev.write(self.geometry.lease_offset(rec.writer_slot), raw, self.config.io_timeout_s)
 
     def _candidates(self, recs: list[LeaseRecord | None], now: int, skip: set[int]) -> list[int]:
-        """Partitions in claim order: our own id's, the preferred one, never used, released, expired."""
+        """Writer slots in claim order: our own id's, the preferred one, never used, released, expired."""
         mine, pref, fresh, released, expired = [], [], [], [], []
         for p, r in enumerate(recs):
             if p in skip:
@@ -93,7 +99,7 @@ class LeaseMixin(StoreCore):
         return mine + pref + fresh + released + [p for _, p in sorted(expired)]
 
     def _claim(self) -> int | None:
-        """Claim a partition: write the lease, wait ``claim_settle_s``, read it back; back off if overwritten.
+        """Claim a writer slot: write the lease, wait ``claim_settle_s``, read it back; back off if overwritten.
 
         The write must land within ``settle/2`` of reading the table (else the attempt is repeated), so a
         competitor that read the record as free before our write can only write before our read-back.
@@ -137,10 +143,11 @@ class LeaseMixin(StoreCore):
                 return
             self._partition = None
             self._lease = None
-            d = dict(self._own)
+            for loc_key, loc in self._own.items():
+                self._foreign_parts.setdefault(loc.segment, {})[loc_key] = loc
+            self._foreign.update(self._own)
             self._own.clear()
-            self._foreign_parts[p] = d
-            self._foreign.update(d)
+            self._segs.clear()
         self.stats.add(lease_lost=1)
 
     def _ensure_lease(self) -> None:

@@ -26,6 +26,7 @@ from .format import (
 )
 from .keys import KEY_BYTES
 from .results import BatchHandle, PageResult, PageStatus
+from .segments import SegmentClaimError
 
 log = logging.getLogger("adp_connector.store.store")
 
@@ -99,8 +100,9 @@ class PipelineMixin(StoreCore):
         g, lba = self.geometry, self._lba
         results: list[PageResult | None] = [None] * len(keys)
         ops: list[PageOp] = []
-        evicted: list[int] = []
+        evicted: dict[int, list[int]] = {}
         self._ensure_lease()
+        short: list[tuple[int, bytes, memoryview]] = []  # pages that did not fit without evicting
         with self._lock:
             p = self._partition
             for i, (k, b) in enumerate(zip(keys, buffers, strict=True)):
@@ -118,18 +120,39 @@ class PipelineMixin(StoreCore):
                 elif k in self._inflight or (self.config.dedupe and k in self._foreign):
                     results[i] = PageResult(k, PageStatus.EXISTS, len(mv))
                 elif p is None:
-                    results[i] = PageResult(k, PageStatus.ERROR, 0, "read-only: no writer partition")
-                elif (got := self._allocate(g.page_lbas(len(mv)), evicted)) is None:
-                    results[i] = PageResult(k, PageStatus.NO_SPACE, 0)
-                else:
-                    slot, at = got
-                    ops.append(PageOp(i, k, mv, Loc(p, slot, at, len(mv), self._next_seq), own=True))
-                    self._next_seq += 1
+                    results[i] = PageResult(k, PageStatus.ERROR, 0, "read-only: no writer slot")
+                elif (got := self._allocate(g.page_lbas(len(mv)), evicted, evict=False)) is None:
+                    short.append((i, k, mv))
                     self._inflight.add(k)
+                else:
+                    ops.append(self._planned(i, k, mv, got))
+        if short:
+            # Free or abandoned segments first (the whole card fills before anything is evicted), then the least
+            # recently used own pages.
+            claim_err = None
+            try:
+                self._claim_more(sum(g.page_lbas(len(mv)) for _, _, mv in short))
+            except SegmentClaimError as exc:
+                claim_err = str(exc)
+            with self._lock:
+                for i, k, mv in short:
+                    self._inflight.discard(k)
+                    if self._partition != p:
+                        results[i] = PageResult(k, PageStatus.ERROR, 0, "lease lost")
+                    elif (got := self._allocate(g.page_lbas(len(mv)), evicted)) is None:
+                        results[i] = (PageResult(k, PageStatus.ERROR, 0, claim_err) if claim_err
+                                      else PageResult(k, PageStatus.NO_SPACE, 0))
+                    else:
+                        ops.append(self._planned(i, k, mv, got))
+        ops.sort(key=lambda op: op.idx)  # commit (and LRU) order is the batch order
+        with self._lock:
+            for op in ops:
+                op.loc.seq = self._next_seq
+                self._next_seq += 1
         committed: list[PageOp] = []
         try:
             if evicted and p is not None:
-                self._write_slots(p, evicted)  # tombstones land before their extents are overwritten
+                self._write_slots_many({s: (sl, None) for s, sl in evicted.items()})  # tombstones land first
             window: deque[PageOp] = deque()
             inflight = 0
             for op in ops:
@@ -152,15 +175,16 @@ class PipelineMixin(StoreCore):
                         op.err = f"flush: {exc}"
                     good = []
             if good and p is not None:
-                committed = self._commit(p, good)
+                committed = self._commit(good)
         finally:
             ok = {id(op) for op in committed}
             with self._lock:
                 for op in ops:
                     self._inflight.discard(op.key)
-                    if id(op) in ok:
-                        continue
-                    if self._partition == p:
+                    seg = self._segs.get(op.loc.segment)
+                    if seg is not None:
+                        seg.busy -= 1
+                    if id(op) not in ok:
                         self._release(op.loc)
         nbytes = 0
         for op in ops:
@@ -182,7 +206,7 @@ class PipelineMixin(StoreCore):
         n = loc.length
         cks = page_checksum(op.key, loc.seq, n, mv)
         gen = self._lease.generation if self._lease is not None else 0
-        hdr = pack_header(PageHeader(op.key, loc.seq, n, loc.lba, loc.partition, cks, gen, time.time_ns()),
+        hdr = pack_header(PageHeader(op.key, loc.seq, n, loc.lba, loc.segment, cks, gen, time.time_ns()),
                           self._seed)
         off = loc.lba * lba
         body = n // lba * lba
@@ -204,31 +228,42 @@ class PipelineMixin(StoreCore):
             op.tail = tb
             op.futs += self._sub_write(off + lba + body, tb)
 
-    def _commit(self, p: int, good: list[PageOp]) -> list[PageOp]:
+    def _planned(self, i: int, k: bytes, mv: memoryview, at: Loc) -> PageOp:
+        """A page write into the allocated ``at`` (under ``_lock``); its sequence number is set later."""
+        op = PageOp(i, k, mv, Loc(at.segment, at.slot, at.lba, len(mv), 0), own=True)
+        self._inflight.add(k)
+        return op
+
+    def _commit(self, good: list[PageOp]) -> list[PageOp]:
         """Write the commit records (slot entries) of pages whose data is durable; returns those committed."""
-        updates = {op.loc.slot: pack_slot(SlotEntry(op.key, op.loc.seq, op.loc.lba, op.loc.length), self._seed)
-                   for op in good}
-        failed = self._write_slots(p, list(updates), updates)
-        committed = [op for op in good if op.loc.slot not in failed]
+        groups: dict[int, tuple[list[int], dict[int, bytes]]] = {}
         for op in good:
-            if op.loc.slot in failed:
-                op.err = "commit record write failed" if self._partition == p else "lease lost"
+            slots, updates = groups.setdefault(op.loc.segment, ([], {}))
+            slots.append(op.loc.slot)
+            updates[op.loc.slot] = pack_slot(SlotEntry(op.key, op.loc.seq, op.loc.lba, op.loc.length), self._seed)
+        failed = self._write_slots_many(groups)
+        committed = [op for op in good if (op.loc.segment, op.loc.slot) not in failed]
+        for op in good:
+            if (op.loc.segment, op.loc.slot) in failed:
+                op.err = "commit record write failed" if op.loc.segment in self._segs else "lease lost"
         if self.config.flush_commits and committed:
             try:
                 self._dev.flush(self.config.io_timeout_s)
             except Exception:
                 self.stats.add(io_errors=1)  # written but maybe not durable yet: still a valid page
         with self._lock:
-            if self._partition != p:
-                for op in committed:
-                    op.err = "lease lost"
-                return []
-            for s in failed:
-                self._slot_image[s * SLOT_ENTRY_BYTES:(s + 1) * SLOT_ENTRY_BYTES] = EMPTY_SLOT
+            for seg, slot in failed:
+                own = self._segs.get(seg)
+                if own is not None:
+                    own.image[slot * SLOT_ENTRY_BYTES:(slot + 1) * SLOT_ENTRY_BYTES] = EMPTY_SLOT
+            kept = []
             for op in committed:
+                if op.loc.segment not in self._segs:
+                    op.err = "lease lost"
+                    continue
                 self._own[op.key] = op.loc
-        return committed
-
+                kept.append(op)
+        return kept
 
     def _run_load(self, h: BatchHandle, keys: list[bytes], buffers: list[Buffer]) -> None:
         t0 = time.perf_counter()
@@ -257,7 +292,8 @@ class PipelineMixin(StoreCore):
                     continue
                 if own:
                     self._own.move_to_end(k)
-                    self._pins[loc.slot] = self._pins.get(loc.slot, 0) + 1
+                    pin = (loc.segment, loc.slot)
+                    self._pins[pin] = self._pins.get(pin, 0) + 1
                 ops.append(PageOp(i, k, mv, loc, own=own))
         corrupt_own: list[bytes] = []
         stale: list[PageOp] = []
@@ -278,9 +314,9 @@ class PipelineMixin(StoreCore):
             with self._lock:
                 for op in ops:
                     if op.own:
-                        self._unpin(op.loc.slot)
+                        self._unpin((op.loc.segment, op.loc.slot))
                 for op in stale:
-                    d = self._foreign_parts.get(op.loc.partition)
+                    d = self._foreign_parts.get(op.loc.segment)
                     if self._foreign.get(op.key) is op.loc:
                         del self._foreign[op.key]
                     if d is not None and d.get(op.key) is op.loc:

@@ -16,8 +16,8 @@ class PageStatus(str, Enum):
     EXISTS = "exists"                # save skipped: the key is already stored (or being saved by another batch)
     MISSING = "missing"              # load: not in the index, or the index entry was stale
     VERIFY_FAILED = "verify_failed"  # load: header or checksum mismatch; the buffer content is undefined
-    NO_SPACE = "no_space"            # save: nothing evictable makes room (or the page exceeds a partition)
-    ERROR = "error"                  # device error, bad argument, no writable partition...
+    NO_SPACE = "no_space"            # save: nothing evictable makes room (or the page exceeds a segment)
+    ERROR = "error"                  # device error, bad argument, no writer slot...
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,8 @@ class StoreStats:
     evictions: int = 0
     discards: int = 0
     lease_lost: int = 0
+    segments_claimed: int = 0   # segments won by claims (free, released or of expired writers)
+    segments_handed_over: int = 0  # own segments released to writers that asked for space
     refreshes: int = 0
     miss_refreshes: int = 0     # refreshes a load of unindexed keys triggered
     save_seconds: float = 0.0   # summed wall time of save batches

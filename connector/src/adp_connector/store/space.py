@@ -1,109 +1,139 @@
-"""Space of the own partition: slots, extents, LRU eviction, pins and slot-table writes (format.md §8, §10)."""
+"""Space of the own segments: slots, extents, LRU eviction, pins and slot-table writes (format.md §8, §10)."""
 
 from __future__ import annotations
 
-import logging
-
 from .core import Loc, StoreCore
-from .format import (
-    EMPTY_SLOT,
-    SLOT_ENTRY_BYTES,
-)
-
-log = logging.getLogger("adp_connector.store.store")
+from .format import EMPTY_SLOT, SLOT_ENTRY_BYTES
 
 
 class SpaceMixin(StoreCore):
-    """Allocates, evicts and frees pages of the own partition (call with ``_lock`` held unless noted)."""
-
-    def _take_slot(self) -> int:
-        if self._slot_free:
-            return self._slot_free.pop()
-        self._slot_hwm += 1
-        return self._slot_hwm - 1
-
-    def _has_slot(self) -> bool:
-        return bool(self._slot_free) or self._slot_hwm < self.geometry.slots_per_partition
+    """Allocates, evicts and frees pages in the own segments (call with ``_lock`` held unless noted)."""
 
     def _release(self, loc: Loc) -> None:
-        self._alloc.free(loc.lba, self.geometry.page_lbas(loc.length))
-        self._slot_free.append(loc.slot)
+        seg = self._segs.get(loc.segment)
+        if seg is None:  # handed over or lost with the lease: its space is no longer ours to manage
+            return
+        seg.alloc.free(loc.lba, self.geometry.page_lbas(loc.length))
+        seg.slot_free.append(loc.slot)
 
-    def _allocate(self, nl: int, evicted: list[int]) -> tuple[int, int] | None:
-        """A slot and ``nl`` contiguous LBAs, evicting least-recently-used unpinned own pages as needed."""
+    def _fit(self, nl: int) -> Loc | None:
+        """A slot and ``nl`` contiguous LBAs in some own segment, without evicting (first fit, claim order)."""
+        for seg in self._segs.values():
+            if not seg.has_slot():
+                continue
+            at = seg.alloc.alloc(nl)
+            if at is not None:
+                return Loc(seg.index, seg.take_slot(), at, 0, 0)
+        return None
+
+    def _allocate(self, nl: int, evicted: dict[int, list[int]], evict: bool = True) -> Loc | None:
+        """A slot and ``nl`` contiguous LBAs (``Loc`` with length/seq unset); with ``evict``, least recently used
+        unpinned own pages are evicted (their slots listed in ``evicted`` by segment) until it fits."""
         if nl > self.geometry.data_lbas:
             return None
         while True:
-            if self._has_slot():
-                lba = self._alloc.alloc(nl)
-                if lba is not None:
-                    return self._take_slot(), lba
-            victim = next((k for k, loc in self._own.items() if not self._pins.get(loc.slot)), None)
+            got = self._fit(nl)
+            if got is not None:
+                self._segs[got.segment].busy += 1
+                return got
+            if not evict:
+                return None
+            victim = next((k for k, loc in self._own.items() if not self._pins.get((loc.segment, loc.slot))), None)
             if victim is None:
                 return None
             loc = self._own.pop(victim)
-            self._slot_image[loc.slot * SLOT_ENTRY_BYTES:(loc.slot + 1) * SLOT_ENTRY_BYTES] = EMPTY_SLOT
+            self._clear_entry(loc)
             self._release(loc)
-            evicted.append(loc.slot)
+            evicted.setdefault(loc.segment, []).append(loc.slot)
             self.stats.add(evictions=1)
 
-    def _unpin(self, slot: int) -> None:
-        n = self._pins.get(slot, 0) - 1
+    def _clear_entry(self, loc: Loc) -> None:
+        seg = self._segs.get(loc.segment)
+        if seg is not None:
+            seg.image[loc.slot * SLOT_ENTRY_BYTES:(loc.slot + 1) * SLOT_ENTRY_BYTES] = EMPTY_SLOT
+
+    def _unpin(self, pin: tuple[int, int]) -> None:
+        n = self._pins.get(pin, 0) - 1
         if n > 0:
-            self._pins[slot] = n
+            self._pins[pin] = n
             return
-        self._pins.pop(slot, None)
-        loc = self._doomed.pop(slot, None)
-        if loc is not None and loc.partition == self._partition:
+        self._pins.pop(pin, None)
+        loc = self._doomed.pop(pin, None)
+        if loc is not None:
             self._release(loc)
 
     def _drop_own(self, keys: list[bytes]) -> int:
         with self._lock:
-            p = self._partition
-            if p is None:
+            if self._partition is None:
                 return 0
             locs = [loc for k in keys if (loc := self._own.pop(k, None)) is not None]
             for loc in locs:
-                self._slot_image[loc.slot * SLOT_ENTRY_BYTES:(loc.slot + 1) * SLOT_ENTRY_BYTES] = EMPTY_SLOT
+                self._clear_entry(loc)
         if not locs:
             return 0
-        self._write_slots(p, [loc.slot for loc in locs])
+        by_seg: dict[int, list[int]] = {}
+        for loc in locs:
+            by_seg.setdefault(loc.segment, []).append(loc.slot)
+        for s, slots in by_seg.items():
+            self._write_slots(s, slots)
         with self._lock:
-            if self._partition == p:
-                for loc in locs:
-                    if self._pins.get(loc.slot):
-                        self._doomed[loc.slot] = loc
-                    else:
-                        self._release(loc)
+            for loc in locs:
+                if self._pins.get((loc.segment, loc.slot)):
+                    self._doomed[(loc.segment, loc.slot)] = loc
+                else:
+                    self._release(loc)
         return len(locs)
 
-    def _write_slots(self, p: int, slots: list[int], updates: dict[int, bytes] | None = None) -> set[int]:
-        """Write the slot-table LBAs holding ``slots`` from the in-memory image; returns the slots that failed.
+    def _write_slots(self, seg: int, slots: list[int], updates: dict[int, bytes] | None = None) -> set[int]:
+        """Write the slot-table LBAs of segment ``seg`` holding ``slots``; returns the slots that failed."""
+        return {slot for _seg, slot in self._write_slots_many({seg: (slots, updates)})}
 
-        ``updates`` are applied to the image first. Serialised by the commit lock, so two writes of the same
-        slot-table LBA are never in flight together; unchanged entries are rewritten byte-identical, so a torn
-        LBA write can only damage the entries being changed (which their CRC then rejects).
+    def _write_slots_many(self, groups: dict[int, tuple[list[int], dict[int, bytes] | None]]) -> set[tuple[int, int]]:
+        """Write, for each own segment, the slot-table LBAs holding its ``slots`` from its in-memory image (its
+        ``updates`` applied to the image first); returns the (segment, slot) pairs that failed (all of a segment's
+        when it is no longer ours).
+
+        Serialised per segment, so two writes of the same slot-table LBA are never in flight together, while the
+        tables of different segments are written in parallel. Unchanged entries are rewritten byte-identical, so a
+        torn LBA write can only damage the entries being changed (which their CRC then rejects).
         """
         g, lba = self.geometry, self._lba
         per = lba // SLOT_ENTRY_BYTES if lba >= SLOT_ENTRY_BYTES else 1
-        with self._commit_lock:
+        failed: set[tuple[int, int]] = set()
+        with self._lock:
+            owned = {seg: self._segs.get(seg) for seg in groups}
+        locked = []
+        try:
+            for seg in sorted(groups):  # one order: no deadlock between batches
+                own = owned[seg]
+                if own is not None:
+                    own.write_lock.acquire()
+                    locked.append(own)
+            pending = []
             with self._lock:
-                if self._partition != p:
-                    return set(slots)
-                for s, raw in (updates or {}).items():
-                    self._slot_image[s * SLOT_ENTRY_BYTES:(s + 1) * SLOT_ENTRY_BYTES] = raw
-                blocks = sorted({s // per for s in slots})
-                runs: list[list[int]] = []
-                for b in blocks:
-                    if runs and runs[-1][-1] + 1 == b:
-                        runs[-1].append(b)
-                    else:
-                        runs.append([b])
-                datas = [bytes(self._slot_image[r[0] * lba:(r[-1] + 1) * lba]) for r in runs]
-            base = g.partition_base(p)
-            futs = [self._sub_write(base + r[0] * lba, d) for r, d in zip(runs, datas, strict=True)]
-            failed_blocks: set[int] = set()
-            for r, fs in zip(runs, futs, strict=True):
+                for seg, (slots, updates) in groups.items():
+                    own = owned[seg]
+                    if own is None or self._segs.get(seg) is not own:
+                        failed.update((seg, s) for s in slots)
+                        continue
+                    for s, raw in (updates or {}).items():
+                        own.image[s * SLOT_ENTRY_BYTES:(s + 1) * SLOT_ENTRY_BYTES] = raw
+                    runs: list[list[int]] = []
+                    for b in sorted({s // per for s in slots}):
+                        if runs and runs[-1][-1] + 1 == b:
+                            runs[-1].append(b)
+                        else:
+                            runs.append([b])
+                    for r in runs:
+                        pending.append((seg, r, bytes(own.image[r[0] * lba:(r[-1] + 1) * lba])))
+            futs = [self._sub_write(g.segment_base(seg) + r[0] * lba, d) for seg, r, d in pending]
+            bad_blocks: set[tuple[int, int]] = set()
+            for (seg, r, _d), fs in zip(pending, futs, strict=True):
                 if self._wait(fs) is not None:
-                    failed_blocks.update(r)
-        return {s for s in slots if s // per in failed_blocks}
+                    bad_blocks.update((seg, b) for b in r)
+        finally:
+            for own in locked:
+                own.write_lock.release()
+        for seg, (slots, _u) in groups.items():
+            failed.update((seg, s) for s in slots if (seg, s // per) in bad_blocks)
+        return failed

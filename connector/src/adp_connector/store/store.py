@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..device import BlockDevice, Buffer
-from .alloc import ExtentAllocator
-from .core import Loc, StoreConfig, StoreCore
+from .core import Loc, OwnSegment, StoreConfig, StoreCore
 from .format import (
     LEASE_FREE,
     META_ALIGN,
+    SEGMENT_OWNED,
     FormatError,
+    FormatVersionError,
     Geometry,
     LeaseRecord,
     align_up,
@@ -33,6 +34,7 @@ from .index import IndexMixin
 from .leases import LeaseMixin
 from .pipeline import PipelineMixin
 from .results import BatchHandle, PageResult, StoreStats
+from .segments import SegmentMixin
 from .space import SpaceMixin
 
 log = logging.getLogger(__name__)
@@ -40,15 +42,16 @@ _REFRESH_DUTY = 0.02  # background index refreshes take at most this share of th
 
 
 
-class PageStore(LeaseMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
+class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
     """A store of variable-size pages keyed by 32-byte content keys on one block-device namespace.
 
-    The parts: :mod:`.leases` (writer lease), :mod:`.index` (own and foreign index, refresh), :mod:`.space`
-    (slots, extents, eviction) and :mod:`.pipeline` (save and load batches).
+    The parts: :mod:`.leases` (writer lease), :mod:`.segments` (claiming, adopting and handing over segments),
+    :mod:`.index` (own and foreign index, refresh), :mod:`.space` (slots, extents, eviction in the own segments)
+    and :mod:`.pipeline` (save and load batches).
     """
 
     def __init__(self, device: BlockDevice, config: StoreConfig | None = None) -> None:
-        """Open the store on ``device`` (formatting it if empty and ``config.create``); claim a partition."""
+        """Open the store on ``device`` (formatting it if empty and ``config.create``); claim a writer slot."""
         self.config = cfg = config or StoreConfig()
         self._dev = device
         lba = device.lba_size
@@ -56,11 +59,15 @@ class PageStore(LeaseMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
         device.read_into(0, memoryview(sb), cfg.io_timeout_s)
         try:
             geo = unpack_superblock(sb)
+        except FormatVersionError:
+            if not cfg.reformat:
+                raise
+            log.warning("page store: reformatting a store of another format version (reformat=True)")
+            geo = self._format_for(device, cfg)
         except FormatError:
             if not cfg.create:
                 raise
-            geo = self.format(device, partitions=cfg.partitions, slots_per_partition=cfg.slots_per_partition,
-                              avg_page_bytes=cfg.avg_page_bytes)
+            geo = self._format_for(device, cfg)
         if geo.lba_size != lba or geo.capacity_bytes > device.capacity_bytes:
             raise FormatError("store geometry does not match the device (LBA size or capacity)")
         self.geometry = geo
@@ -72,21 +79,20 @@ class PageStore(LeaseMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
         self._readv: Callable[[int, list[Buffer]], Future[None]] | None = getattr(device, "submit_readv", None)
         self.stats = StoreStats()
         self._lock = threading.RLock()
-        self._commit_lock = threading.Lock()
+        self._claim_lock = threading.Lock()
+        self._no_claim_until = 0.0
+        self._wanted = 0
         self._refresh_lock = threading.Lock()
         self._lease_lock = threading.Lock()
         self._own: OrderedDict[bytes, Loc] = OrderedDict()
         self._foreign: dict[bytes, Loc] = {}
         self._foreign_parts: dict[int, dict[bytes, Loc]] = {}
-        self._table_digests: dict[int, bytes] = {}  # partition -> digest of its slot table at the last refresh
+        self._table_digests: dict[int, bytes] = {}  # segment -> digest of its slot table at the last refresh
         self._inflight: set[bytes] = set()
-        self._pins: dict[int, int] = {}
-        self._doomed: dict[int, Loc] = {}
+        self._pins: dict[tuple[int, int], int] = {}
+        self._doomed: dict[tuple[int, int], Loc] = {}
         self._partition: int | None = None
-        self._slot_image = bytearray()
-        self._slot_free: list[int] = []
-        self._slot_hwm = 0
-        self._alloc = ExtentAllocator(0, 0)
+        self._segs: dict[int, OwnSegment] = {}
         self._next_seq = 1
         self._lease: LeaseRecord | None = None
         self._lease_ok = 0.0
@@ -99,9 +105,10 @@ class PageStore(LeaseMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
         if cfg.writer:
             p = self._claim()
             if p is None:
-                log.warning("page store: no writer partition available; opened read-only")
+                log.warning("page store: no writer slot available; opened read-only")
             else:
-                self._recover(p)
+                self._partition = p
+                self._recover()
         self.refresh()
         self._stop = threading.Event()
         self.refresh_gap_s = cfg.refresh_interval_s  # the background refresh's current gap (stretched when slow)
@@ -117,15 +124,19 @@ class PageStore(LeaseMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
 
     @staticmethod
     def format(device: BlockDevice, *, partitions: int = 16, slots_per_partition: int | None = None,
-               avg_page_bytes: int = 256 << 10) -> Geometry:
-        """Write a fresh, empty store onto ``device`` (destroys any previous one) and return its geometry."""
+               avg_page_bytes: int = 256 << 10, segment_bytes: int | None = None) -> Geometry:
+        """Write a fresh, empty store onto ``device`` (destroys any previous one) and return its geometry.
+
+        ``partitions`` is the number of writer slots (the most concurrent writers), ``slots_per_partition`` the
+        slots per segment.
+        """
         lba = device.lba_size
         geo = compute_geometry(device.capacity_bytes, lba, partitions, slots_per_partition, avg_page_bytes,
-                               os.urandom(16), time.time_ns())
+                               os.urandom(16), time.time_ns(), segment_bytes)
         unit = align_up(META_ALIGN, lba)
         device.write(0, bytes(unit))  # invalidate any old superblock first
-        regions = [(geo.lease_table_offset, geo.partitions_offset - geo.lease_table_offset)]
-        regions += [(geo.partition_base(p), geo.slot_table_bytes) for p in range(partitions)]
+        regions = [(geo.lease_table_offset, geo.segments_offset - geo.lease_table_offset)]
+        regions += [(geo.segment_base(s), geo.slot_table_bytes) for s in range(geo.segments)]
         for off, n in regions:
             # Hygiene only: records of an older format never validate (their CRCs are seeded with its UUID).
             with contextlib.suppress(Exception):
@@ -134,6 +145,29 @@ class PageStore(LeaseMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
         device.write(0, pack_superblock(geo).ljust(unit, b"\0"))
         device.flush()
         return geo
+
+    @classmethod
+    def _format_for(cls, device: BlockDevice, cfg: StoreConfig) -> Geometry:
+        return cls.format(device, partitions=cfg.partitions, slots_per_partition=cfg.slots_per_partition,
+                          avg_page_bytes=cfg.avg_page_bytes, segment_bytes=cfg.segment_bytes)
+
+    def _recover(self) -> None:
+        """Adopt the segments recorded as this writer slot's (a restart or a takeover gets its pages back), or
+        claim a first batch of segments so that the first saves need not."""
+        p = self._partition
+        try:
+            segs = self._read_segment_table()
+        except Exception:
+            self.stats.add(io_errors=1)
+            segs = []
+        mine = [s for s, r in enumerate(segs) if r is not None and r.state == SEGMENT_OWNED and r.owner == p]
+        if mine:
+            self._adopt(mine)
+        else:
+            try:
+                self._claim_more(0)
+            except Exception as exc:  # the first save claims again
+                log.warning("page store: no segment claimed at open: %s", exc)
 
     # ------------------------------------------------------------------ public API
 
@@ -174,13 +208,16 @@ class PageStore(LeaseMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
         self._dev.flush(self.config.io_timeout_s)
 
     def info(self) -> dict[str, int | None]:
-        """Occupancy figures: own/foreign pages, free LBAs of the own partition."""
+        """Occupancy: own/foreign pages, own segments and their free LBAs and slots, the card's data LBAs."""
         with self._lock:
+            segs = list(self._segs.values())
             return {"partition": self._partition, "own_pages": len(self._own), "foreign_pages": len(self._foreign),
-                    "free_lbas": self._alloc.free_lbas if self._partition is not None else 0,
-                    "data_lbas": self.geometry.data_lbas,
-                    "free_slots": len(self._slot_free) + self.geometry.slots_per_partition - self._slot_hwm
-                    if self._partition is not None else 0}
+                    "segments": len(segs), "card_segments": self.geometry.segments,
+                    "free_lbas": sum(s.alloc.free_lbas for s in segs),
+                    "own_data_lbas": len(segs) * self.geometry.data_lbas,
+                    "data_lbas": self.geometry.total_data_lbas,
+                    "used_lbas": sum(self.geometry.page_lbas(loc.length) for loc in self._own.values()),
+                    "free_slots": sum(len(s.slot_free) + s.slots - s.slot_hwm for s in segs)}
 
     def close(self, release: bool = True) -> None:
         """Finish running batches, flush, and (``release``) mark the lease free; the device stays open."""
