@@ -130,7 +130,7 @@ class StoreCore:
     _foreign: dict[bytes, Loc]
     _foreign_parts: dict[int, dict[bytes, Loc]]
     _table_digests: dict[int, bytes]
-    _inflight: set[bytes]
+    _inflight: dict[bytes, threading.Event]  # key -> set when the batch saving it has finished
     _pins: dict[tuple[int, int], int]
     _doomed: dict[tuple[int, int], Loc]
     _partition: int | None

@@ -52,6 +52,14 @@ class IndexMixin(StoreCore):
             return list(self._own) + [k for k in self._foreign if k not in self._own]
 
 
+    def payload_extents(self) -> list[tuple[bytes, int, int]]:
+        """(key, namespace byte offset, length) of every indexed page's payload, which follows the page's header
+        block (docs/format.md §5): what a media-corruption control needs to hit payload bytes only."""
+        lba = self._dev.lba_size
+        with self._lock:
+            locs = {**self._foreign, **self._own}
+            return [(k, (loc.lba + 1) * lba, loc.length) for k, loc in locs.items()]
+
     def refresh(self) -> None:
         """Re-read the slot tables of every segment not ours so other writers' pages become visible (or vanish)."""
         with self._refresh_lock:  # one at a time: the digest cache must match the installed index

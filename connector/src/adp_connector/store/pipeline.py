@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -103,6 +104,8 @@ class PipelineMixin(StoreCore):
         evicted: dict[int, list[int]] = {}
         self._ensure_lease()
         short: list[tuple[int, bytes, memoryview]] = []  # pages that did not fit without evicting
+        finished = threading.Event()  # set once this batch's pages are committed or failed
+        waits: list[tuple[int, bytes, int, threading.Event]] = []  # keys another batch (or this one) is saving
         with self._lock:
             p = self._partition
             for i, (k, b) in enumerate(zip(keys, buffers, strict=True)):
@@ -117,15 +120,17 @@ class PipelineMixin(StoreCore):
                 if k in self._own:
                     self._own.move_to_end(k)
                     results[i] = PageResult(k, PageStatus.EXISTS, len(mv))
-                elif k in self._inflight or (self.config.dedupe and k in self._foreign):
+                elif self.config.dedupe and k in self._foreign:
                     results[i] = PageResult(k, PageStatus.EXISTS, len(mv))
+                elif (other := self._inflight.get(k)) is not None:
+                    waits.append((i, k, len(mv), other))
                 elif p is None:
                     results[i] = PageResult(k, PageStatus.ERROR, 0, "read-only: no writer slot")
                 elif (got := self._allocate(g.page_lbas(len(mv)), evicted, evict=False)) is None:
                     short.append((i, k, mv))
-                    self._inflight.add(k)
+                    self._inflight[k] = finished
                 else:
-                    ops.append(self._planned(i, k, mv, got))
+                    ops.append(self._planned(i, k, mv, got, finished))
         if short:
             # Free or abandoned segments first (the whole card fills before anything is evicted), then the least
             # recently used own pages.
@@ -136,14 +141,15 @@ class PipelineMixin(StoreCore):
                 claim_err = str(exc)
             with self._lock:
                 for i, k, mv in short:
-                    self._inflight.discard(k)
+                    self._inflight.pop(k, None)
                     if self._partition != p:
                         results[i] = PageResult(k, PageStatus.ERROR, 0, "lease lost")
+                    elif claim_err is not None:  # a device error: do not evict cached pages for a failing save
+                        results[i] = PageResult(k, PageStatus.ERROR, 0, claim_err)
                     elif (got := self._allocate(g.page_lbas(len(mv)), evicted)) is None:
-                        results[i] = (PageResult(k, PageStatus.ERROR, 0, claim_err) if claim_err
-                                      else PageResult(k, PageStatus.NO_SPACE, 0))
+                        results[i] = PageResult(k, PageStatus.NO_SPACE, 0)
                     else:
-                        ops.append(self._planned(i, k, mv, got))
+                        ops.append(self._planned(i, k, mv, got, finished))
         ops.sort(key=lambda op: op.idx)  # commit (and LRU) order is the batch order
         with self._lock:
             for op in ops:
@@ -160,9 +166,9 @@ class PipelineMixin(StoreCore):
                 window.append(op)
                 inflight += op.loc.length + lba
                 while inflight > self.config.window_bytes and len(window) > 1:
-                    done = window.popleft()
-                    done.err = self._wait(done.futs)
-                    inflight -= done.loc.length + lba
+                    oldest = window.popleft()
+                    oldest.err = self._wait(oldest.futs)
+                    inflight -= oldest.loc.length + lba
             for op in window:
                 op.err = self._wait(op.futs)
             good = [op for op in ops if op.err is None]
@@ -180,12 +186,22 @@ class PipelineMixin(StoreCore):
             ok = {id(op) for op in committed}
             with self._lock:
                 for op in ops:
-                    self._inflight.discard(op.key)
+                    if self._inflight.get(op.key) is finished:
+                        del self._inflight[op.key]
                     seg = self._segs.get(op.loc.segment)
                     if seg is not None:
                         seg.busy -= 1
                     if id(op) not in ok:
                         self._release(op.loc)
+            finished.set()
+        for i, k, n, ev in waits:
+            # Reported as stored only once the other batch committed it: a failed save is never "exists".
+            landed = ev.wait(self.config.io_timeout_s)
+            with self._lock:
+                stored = k in self._own or k in self._foreign
+            results[i] = (PageResult(k, PageStatus.EXISTS, n) if stored else
+                          PageResult(k, PageStatus.ERROR, 0, "a concurrent save of this key failed" if landed
+                                     else "a concurrent save of this key timed out"))
         nbytes = 0
         for op in ops:
             if id(op) in ok:
@@ -228,10 +244,10 @@ class PipelineMixin(StoreCore):
             op.tail = tb
             op.futs += self._sub_write(off + lba + body, tb)
 
-    def _planned(self, i: int, k: bytes, mv: memoryview, at: Loc) -> PageOp:
+    def _planned(self, i: int, k: bytes, mv: memoryview, at: Loc, done: threading.Event) -> PageOp:
         """A page write into the allocated ``at`` (under ``_lock``); its sequence number is set later."""
         op = PageOp(i, k, mv, Loc(at.segment, at.slot, at.lba, len(mv), 0), own=True)
-        self._inflight.add(k)
+        self._inflight[k] = done
         return op
 
     def _commit(self, good: list[PageOp]) -> list[PageOp]:
