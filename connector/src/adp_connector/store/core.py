@@ -135,6 +135,8 @@ class StoreCore:
     _doomed: dict[tuple[int, int], Loc]
     _partition: int | None
     _segs: dict[int, OwnSegment]
+    _claimer: threading.Thread | None  # a background claim (claim ahead of need)
+    _fill_hint: int  # the segment the last allocation succeeded in (tried first)
     _next_seq: int
     _lease: LeaseRecord | None
     _lease_ok: float
@@ -202,6 +204,9 @@ class StoreCore:
         raise NotImplementedError
 
     def _read_region(self, off: int, n: int) -> bytearray:
+        raise NotImplementedError
+
+    def _maybe_claim_ahead(self) -> None:
         raise NotImplementedError
 
     def _ensure_lease(self) -> None:

@@ -216,6 +216,8 @@ class PipelineMixin(StoreCore):
                        no_space=sum(r.status is PageStatus.NO_SPACE for r in final),
                        save_seconds=time.perf_counter() - t0)
         h._set(final)
+        if ops or short:
+            self._maybe_claim_ahead()
 
     def _submit_page_write(self, op: PageOp) -> None:
         lba, loc, mv = self._lba, op.loc, op.mv

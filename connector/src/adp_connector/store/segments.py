@@ -7,6 +7,7 @@ them back, exactly like a lease claim, and every record is written only by its o
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 
@@ -143,6 +144,27 @@ class SegmentMixin(StoreCore):
             if not got:
                 self._no_claim_until = time.monotonic() + _NO_CLAIM_BACKOFF_S
             return got
+
+    def _maybe_claim_ahead(self) -> None:
+        """After a save: when less than a quarter of the own segments' space is free, claim more in the background,
+        so that the next saves find room without waiting for a claim's settle time."""
+        if self._closed or self._partition is None or time.monotonic() < self._no_claim_until:
+            return
+        with self._lock:
+            have = len(self._segs) * self.geometry.data_lbas
+            free = sum(seg.alloc.free_lbas for seg in self._segs.values())
+            if have and free * 4 >= have:
+                return
+            if self._claimer is not None and self._claimer.is_alive():
+                return
+            self._claimer = threading.Thread(target=self._claim_ahead, name="adpkv-store-claim", daemon=True)
+            self._claimer.start()
+
+    def _claim_ahead(self) -> None:
+        try:
+            self._claim_more(0)
+        except Exception as exc:  # the next save that needs room claims (or fails) in the foreground
+            log.debug("background segment claim failed: %s", exc)
 
     # ---------------------------------------------------------------- adopt
 

@@ -18,11 +18,13 @@ class SpaceMixin(StoreCore):
 
     def _fit(self, nl: int) -> Loc | None:
         """A slot and ``nl`` contiguous LBAs in some own segment, without evicting (first fit, claim order)."""
-        for seg in self._segs.values():
-            if not seg.has_slot():
+        last = self._segs.get(self._fill_hint)
+        for seg in ([last] if last is not None else []) + list(self._segs.values()):
+            if seg.alloc.free_lbas < nl or not seg.has_slot():
                 continue
             at = seg.alloc.alloc(nl)
             if at is not None:
+                self._fill_hint = seg.index
                 return Loc(seg.index, seg.take_slot(), at, 0, 0)
         return None
 

@@ -93,6 +93,8 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         self._doomed: dict[tuple[int, int], Loc] = {}
         self._partition: int | None = None
         self._segs: dict[int, OwnSegment] = {}
+        self._fill_hint = -1
+        self._claimer: threading.Thread | None = None
         self._next_seq = 1
         self._lease: LeaseRecord | None = None
         self._lease_ok = 0.0
@@ -228,6 +230,8 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         if self._bg is not None:
             self._bg.join()
         self._pool.shutdown(wait=True)
+        if self._claimer is not None:
+            self._claimer.join()
         with contextlib.suppress(Exception):
             self.flush()
         p, lease = self._partition, self._lease
@@ -244,6 +248,8 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         self._closed = True
         self._stop.set()
         self._pool.shutdown(wait=True)
+        if self._claimer is not None:
+            self._claimer.join()
 
     def __enter__(self) -> PageStore:
         return self
