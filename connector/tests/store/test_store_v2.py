@@ -149,7 +149,7 @@ def test_an_expired_writers_segments_are_adopted_and_its_cold_pages_evicted_firs
     time.sleep(0.35)  # a's lease expires
     b = PageStore(dev, fast_config(partitions=2, lease_ttl_s=30))
     # no free segment: b took one of the expired writer's at open, with its pages (adopted, not erased)
-    assert b.partition == 1 and b.info()["segments"] == 1 and b.info()["own_pages"] > 0
+    assert b.partition == 1 and b.info()["segments"] >= 1 and b.info()["own_pages"] > 0
     assert all(b.contains(survivors))  # own (adopted) or foreign pages, none lost
     new = keys[300:360]
     assert b.save_batch(new, [_data(k) for k in new]).ok_count(10) == len(new)

@@ -42,7 +42,7 @@ class StoreConfig:
     io_timeout_s: float = 60.0
     create: bool = True                    # format the device when it holds no store
     reformat: bool = False                 # format over a store of another format version (destroys its pages)
-    claim_segments: int = 0                # segments claimed at a time (0: 1/16 of the card, at least one)
+    claim_segments: int = 0                # segments claimed at a time (0: S/16, at least 2, at most S/writers)
     partitions: int = 16                   # format: writer slots (leases), the most concurrent writers
     slots_per_partition: int | None = None  # format: slots per segment; default segment bytes / (avg_page + lba)
     avg_page_bytes: int = 256 << 10        # format: sizing hint for the slot tables and the segment size

@@ -131,14 +131,15 @@ class SegmentMixin(StoreCore):
         return 0
 
     def _claim_more(self, lbas: int) -> int:
-        """Claim segments for ``lbas`` more LBAs of pages (at least ``claim_segments`` of them) unless a recent
+        """Claim segments for ``lbas`` more LBAs of pages (at least ``claim_segments`` of them; by default S/16, at
+        least 2 and at most S/W) unless a recent
         attempt found none; returns how many were claimed. Runs on a save worker, never under ``_lock``.
         Raises SegmentClaimError on a device error."""
         g = self.geometry
         with self._claim_lock:
             if time.monotonic() < self._no_claim_until or self._partition is None:
                 return 0
-            step = self.config.claim_segments or max(1, g.segments // 16)
+            step = self.config.claim_segments or max(1, min(max(2, g.segments // 16), g.segments // g.writers))
             n = max(step, -(-lbas // g.data_lbas))
             got = self._claim_segments(n)
             if not got:
@@ -146,14 +147,14 @@ class SegmentMixin(StoreCore):
             return got
 
     def _maybe_claim_ahead(self) -> None:
-        """After a save: when less than a quarter of the own segments' space is free, claim more in the background,
+        """After a save: when at most half of the own segments' space is free, claim more in the background,
         so that the next saves find room without waiting for a claim's settle time."""
         if self._closed or self._partition is None or time.monotonic() < self._no_claim_until:
             return
         with self._lock:
             have = len(self._segs) * self.geometry.data_lbas
             free = sum(seg.alloc.free_lbas for seg in self._segs.values())
-            if have and free * 4 >= have:
+            if have and free * 2 > have:
                 return
             if self._claimer is not None and self._claimer.is_alive():
                 return
