@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..device import BlockDevice, Buffer, ScatterList
 from .alloc import ExtentAllocator
+from .flush import FlushGroup
 from .format import (
     Geometry,
     LeaseRecord,
@@ -114,6 +115,7 @@ class StoreCore:
     geometry: Geometry
     stats: StoreStats
     _dev: BlockDevice
+    _flusher: FlushGroup
     _seed: int
     _lba: int
     _step: int

@@ -174,7 +174,7 @@ class PipelineMixin(StoreCore):
             good = [op for op in ops if op.err is None]
             if good:
                 try:
-                    self._dev.flush(self.config.io_timeout_s)  # data durable before any commit record
+                    self._flusher.flush(self.config.io_timeout_s)  # data durable before any commit record
                 except Exception as exc:
                     self.stats.add(io_errors=1)
                     for op in good:
@@ -266,7 +266,7 @@ class PipelineMixin(StoreCore):
                 op.err = "commit record write failed" if op.loc.segment in self._segs else "lease lost"
         if self.config.flush_commits and committed:
             try:
-                self._dev.flush(self.config.io_timeout_s)
+                self._flusher.flush(self.config.io_timeout_s)
             except Exception:
                 self.stats.add(io_errors=1)  # written but maybe not durable yet: still a valid page
         with self._lock:

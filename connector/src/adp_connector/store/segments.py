@@ -251,7 +251,7 @@ class SegmentMixin(StoreCore):
             return 0
         recs = [SegmentRecord(s, SEGMENT_FREE, w, self._writer_id, lease.generation, now) for s in cold]
         self._write_segment_records(recs)
-        self._dev.flush(self.config.io_timeout_s)
+        self._flusher.flush(self.config.io_timeout_s)
         self.stats.add(segments_handed_over=len(cold))
         log.info("page store: handed %d segment(s) over to writers that asked for space", len(cold))
         return len(cold)

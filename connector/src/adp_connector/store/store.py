@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..device import BlockDevice, Buffer
 from .core import Loc, OwnSegment, StoreConfig, StoreCore
+from .flush import FlushGroup
 from .format import (
     LEASE_FREE,
     META_ALIGN,
@@ -78,6 +79,7 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         # header + payload (+ tail) of a page in one scatter read where the device offers it (fewer commands)
         self._readv: Callable[[int, list[Buffer]], Future[None]] | None = getattr(device, "submit_readv", None)
         self.stats = StoreStats()
+        self._flusher = FlushGroup(device.flush)  # concurrent batches share flushes (group commit)
         self._lock = threading.RLock()
         self._claim_lock = threading.Lock()
         self._no_claim_until = 0.0
@@ -207,7 +209,7 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
 
     def flush(self) -> None:
         """Make everything committed so far durable."""
-        self._dev.flush(self.config.io_timeout_s)
+        self._flusher.flush(self.config.io_timeout_s)
 
     def info(self) -> dict[str, int | None]:
         """Occupancy: own/foreign pages, own segments and their free LBAs and slots, the card's data LBAs."""
