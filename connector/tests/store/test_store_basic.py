@@ -121,9 +121,10 @@ def test_key_stable_across_processes() -> None:
 def test_geometry_has_no_small_ceilings() -> None:
     cap = 64 << 40  # 64 TiB
     g = compute_geometry(cap, 4096, 64, None, 1 << 20, b"u" * 16, 1)
-    assert g.partitions_offset + 64 * g.partition_stride <= cap
+    assert g.segments_offset + g.segments * g.segment_stride <= cap
+    assert 1000 <= g.segments <= 1024 and g.writers == 64
     assert unpack_superblock(pack_superblock(g)) == g
-    assert g.data_start_lba(63) > 2**32  # LBAs beyond 32 bits are representable
+    assert g.data_start_lba(g.segments - 1) > 2**32  # LBAs beyond 32 bits are representable
     assert g.page_lbas(3 << 30) == 1 + (3 << 30) // 4096  # multi-GiB page
 
 

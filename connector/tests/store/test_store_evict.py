@@ -69,8 +69,8 @@ def test_whole_batch_larger_than_capacity() -> None:
 
 
 def test_slot_exhaustion_evicts() -> None:
-    s = PageStore(MemDevice(4 << 20, 512), fast_config(partitions=1, slots_per_partition=64))
-    assert s.geometry.slots_per_partition == 64
+    s = PageStore(MemDevice(4 << 20, 512), fast_config(partitions=1, slots_per_partition=64, segment_bytes=4 << 20))
+    assert s.geometry.slots_per_segment == 64 and s.geometry.segments == 1  # one segment: 64 slots on the card
     keys = NS.chain_tokens(list(range(4 * 200)))
     for i in range(0, 200, 10):
         assert s.save_batch(keys[i:i + 10], [b"x" * 10] * 10).ok_count(5) == 10

@@ -48,8 +48,10 @@ def test_terabyte_namespace_beyond_32bit_lbas() -> None:
     from memdevice import SparseBacking
     cap = 8 << 40  # 8 TiB, 512-byte LBAs: 2**34 LBAs
     dev = MemDevice(cap, 512, 128 << 10, backing=SparseBacking(cap))
-    s = PageStore(dev, fast_config(partitions=2, avg_page_bytes=1 << 30, preferred_partition=1))
-    assert s.partition == 1 and s.geometry.data_start_lba(1) > 2**32
+    cfg = fast_config(partitions=2, avg_page_bytes=1 << 30, segment_bytes=3 << 40)
+    first = PageStore(dev, cfg)  # takes segment 0; the second writer claims segment 1, 3 TiB into the card
+    s = PageStore(dev, cfg)
+    assert s.geometry.segments == 2 and s.info()["segments"] == 1 and s.geometry.data_start_lba(1) > 2**32
     ns = KeyNamespace("m", "bf16", "L", 16)
     k = ns.chain_tokens(list(range(16)))[0]
     data = os.urandom(5 << 20)
@@ -58,3 +60,4 @@ def test_terabyte_namespace_beyond_32bit_lbas() -> None:
     out = bytearray(len(data))
     assert s.load(k, out).ok and bytes(out) == data
     s.close()
+    first.close()

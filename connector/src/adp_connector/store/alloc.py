@@ -1,4 +1,4 @@
-"""First-fit extent allocator over a range of LBAs (one writer partition's data area)."""
+"""First-fit extent allocator over a range of LBAs (one segment's data area)."""
 
 from __future__ import annotations
 
@@ -23,16 +23,12 @@ class ExtentAllocator:
         if end > pos:
             self._starts.append(pos)
             self._lens.append(end - pos)
+        self._free = sum(self._lens)
 
     @property
     def free_lbas(self) -> int:
         """Total free LBAs."""
-        return sum(self._lens)
-
-    @property
-    def largest_free(self) -> int:
-        """Largest contiguous free extent, in LBAs."""
-        return max(self._lens, default=0)
+        return self._free
 
     def alloc(self, n: int) -> int | None:
         """Take ``n`` contiguous LBAs; returns the first LBA or None when no extent is large enough."""
@@ -45,6 +41,7 @@ class ExtentAllocator:
                 else:
                     self._starts[i] = s + n
                     self._lens[i] = ln - n
+                self._free -= n
                 return s
         return None
 
@@ -58,6 +55,7 @@ class ExtentAllocator:
         if (i < len(self._starts) and self._starts[i] < s + n) or (
                 i > 0 and self._starts[i - 1] + self._lens[i - 1] > s):
             raise ValueError(f"double free of [{s}, {s + n})")
+        self._free += n
         if i > 0 and self._starts[i - 1] + self._lens[i - 1] == s:
             i -= 1
             self._lens[i] += n

@@ -1,4 +1,4 @@
-"""On-device format v1.0 of the page store: structures, geometry and checksums (see docs/format.md).
+"""On-device format v2.0 of the page store: structures, geometry and checksums (see docs/format.md).
 
 All integers are little-endian and at most 64 bits wide; no field narrower than 32 bits holds a size, count,
 offset or sequence. Every record carries a CRC32C; records other than the superblock seed it with the store UUID so
@@ -13,35 +13,48 @@ from dataclasses import dataclass
 import crc32c
 import xxhash
 
-FORMAT_MAJOR = 1
+FORMAT_MAJOR = 2
 FORMAT_MINOR = 0
-SB_MAGIC = b"ADPKVPS1"
+SB_MAGIC = b"ADPKVPS1"  # the same in every major version: a store of another version is recognised, not formatted
 LEASE_MAGIC = b"ADPLEASE"
+SEGMENT_MAGIC = b"ADPKVSEG"
 PAGE_MAGIC = b"ADPKVPG1"
 CHECKSUM_XXH3_128 = 1
 META_ALIGN = 4096
 SLOT_ENTRY_BYTES = 64
-RECORD_BYTES = 128  # superblock body (256 incl. reserved), lease record and page header use their first 128 bytes
+RECORD_BYTES = 128  # superblock body (256 incl. reserved), lease, segment record and page header use 128 bytes
 SLOT_VALID = 1
 LEASE_FREE = 0
 LEASE_HELD = 1
+SEGMENT_FREE = 0
+SEGMENT_OWNED = 1
+MAX_DEFAULT_SEGMENTS = 1024
+MIN_DEFAULT_SEGMENT_BYTES = 64 << 20  # a segment holds the largest page (multi-MiB Mamba states) many times over
 
-# magic, major, minor, lba, header_bytes, capacity, uuid, created_ns, partitions, slot_entry_bytes,
-# lease_off, lease_rec_bytes, parts_off, part_stride, slots_per_part, slot_table_bytes, data_bytes, algo, flags
-_SB = struct.Struct("<8sIIIIQ16sQIIQQQQQQQII")
+# magic, major, minor, lba, header_bytes, capacity, uuid, created_ns, writers, slot_entry_bytes,
+# lease_off, lease_rec_bytes, segtab_off, seg_rec_bytes, segments_off, segment_stride, segments,
+# slots_per_segment, slot_table_bytes, data_bytes, algo, flags
+_SB = struct.Struct("<8sIIIIQ16sQIIQQQQQQQQQQII")
+_SB_V1_MAJOR_AT = 8
 _SB_CRC_AT = 252
 SUPERBLOCK_BYTES = 256
-# magic, partition, state, writer_id, instance, generation, heartbeat_ns, ttl_ns, label, reserved
+# magic, writer slot, state, writer_id, instance, generation, heartbeat_ns, ttl_ns, label, wanted segments
 _LEASE = struct.Struct("<8sII16s16sQQQ48sI")
+# magic, segment, state, owner writer slot, reserved, writer_id, owner generation, claimed_ns, reserved
+_SEG = struct.Struct("<8sIIII16sQQ68s")
 # key, seq, lba, length, flags
 _SLOT = struct.Struct("<32sQQQI")
-# magic, key, seq, length, lba, partition, algo, checksum, generation, created_ns, reserved
+# magic, key, seq, length, lba, segment, algo, checksum, generation, created_ns, reserved
 _HDR = struct.Struct("<8s32sQQQII16sQQ20s")
-assert _SB.size == 128 and _LEASE.size == 124 and _SLOT.size == 60 and _HDR.size == 124
+assert _SB.size == 152 and _LEASE.size == 124 and _SEG.size == 124 and _SLOT.size == 60 and _HDR.size == 124
 
 
 class FormatError(Exception):
     """The device does not hold a valid store of a supported version."""
+
+
+class FormatVersionError(FormatError):
+    """The device holds a page store of another format version (never formatted over without ``reformat``)."""
 
 
 def align_up(x: int, a: int) -> int:
@@ -59,12 +72,18 @@ def seeded_crc(seed: int, data: bytes | memoryview) -> int:
     return crc32c.crc32c(data, seed)
 
 
-def page_checksum(key: bytes, seq: int, length: int, payload: bytes | bytearray | memoryview) -> bytes:
-    """XXH3-128 over ``key || seq || length || payload`` (binds the bytes to the key and the version)."""
+def page_checksum(key: bytes, seq: int, length: int, payload: bytes | bytearray | memoryview,
+                  *more: bytes | bytearray | memoryview) -> bytes:
+    """XXH3-128 over ``key || seq || length || payload`` (binds the bytes to the key and the version).
+
+    ``more`` continues the payload (a page read as body and tail hashes as if it were one buffer).
+    """
     h = xxhash.xxh3_128()
     h.update(key)
     h.update(struct.pack("<QQ", seq, length))
     h.update(payload)
+    for part in more:
+        h.update(part)
     return h.digest()
 
 
@@ -76,12 +95,15 @@ class Geometry:
     capacity_bytes: int
     store_uuid: bytes
     created_ns: int
-    partitions: int
+    writers: int
     lease_table_offset: int
     lease_record_bytes: int
-    partitions_offset: int
-    partition_stride: int
-    slots_per_partition: int
+    segment_table_offset: int
+    segment_record_bytes: int
+    segments_offset: int
+    segment_stride: int
+    segments: int
+    slots_per_segment: int
     slot_table_bytes: int
     data_bytes: int
     header_bytes: int
@@ -91,81 +113,124 @@ class Geometry:
         """CRC32C of the store UUID, the seed of every non-superblock record CRC."""
         return crc32c.crc32c(self.store_uuid)
 
-    def partition_base(self, p: int) -> int:
-        """Byte offset of partition ``p`` (its slot table)."""
-        return self.partitions_offset + p * self.partition_stride
+    @property
+    def partitions(self) -> int:
+        """Writer slots (leases): the most writers that can hold the store at once (v1 name)."""
+        return self.writers
 
-    def data_start_lba(self, p: int) -> int:
-        """First LBA of the data area of partition ``p``."""
-        return (self.partition_base(p) + self.slot_table_bytes) // self.lba_size
+    def segment_base(self, s: int) -> int:
+        """Byte offset of segment ``s`` (its slot table)."""
+        return self.segments_offset + s * self.segment_stride
+
+    def data_start_lba(self, s: int) -> int:
+        """First LBA of the data area of segment ``s``."""
+        return (self.segment_base(s) + self.slot_table_bytes) // self.lba_size
 
     @property
     def data_lbas(self) -> int:
-        """LBAs in the data area of one partition."""
+        """LBAs in the data area of one segment."""
         return self.data_bytes // self.lba_size
 
-    def lease_offset(self, p: int) -> int:
-        """Byte offset of the lease record of partition ``p``."""
-        return self.lease_table_offset + p * self.lease_record_bytes
+    @property
+    def total_data_lbas(self) -> int:
+        """LBAs of page data on the whole card (every segment's data area)."""
+        return self.segments * self.data_lbas
+
+    def lease_offset(self, w: int) -> int:
+        """Byte offset of the lease record of writer slot ``w``."""
+        return self.lease_table_offset + w * self.lease_record_bytes
+
+    def segment_record_offset(self, s: int) -> int:
+        """Byte offset of the ownership record of segment ``s``."""
+        return self.segment_table_offset + s * self.segment_record_bytes
+
+    def segment_of_lba(self, lba: int) -> int:
+        """The segment whose data area holds ``lba`` (callers check the range)."""
+        return (lba * self.lba_size - self.segments_offset) // self.segment_stride
 
     def page_lbas(self, length: int) -> int:
         """LBAs a page of ``length`` payload bytes occupies: one header block plus the padded payload."""
         return 1 + -(-length // self.lba_size)
 
 
-def compute_geometry(capacity: int, lba: int, partitions: int, slots_per_partition: int | None,
-                     avg_page_bytes: int, store_uuid: bytes, created_ns: int) -> Geometry:
-    """Lay out a namespace of ``capacity`` bytes; raises ValueError if it is too small."""
-    if partitions < 1:
-        raise ValueError("need at least one partition")
+def compute_geometry(capacity: int, lba: int, writers: int, slots_per_segment: int | None,
+                     avg_page_bytes: int, store_uuid: bytes, created_ns: int,
+                     segment_bytes: int | None = None) -> Geometry:
+    """Lay out a namespace of ``capacity`` bytes; raises ValueError if it is too small.
+
+    By default a segment is at least ``MIN_DEFAULT_SEGMENT_BYTES`` (on a small card: a quarter of a writer's share)
+    and 16 pages of ``avg_page_bytes``, and there are at most ``MAX_DEFAULT_SEGMENTS`` of them; a card smaller than
+    one segment is one segment.
+    """
+    if writers < 1:
+        raise ValueError("need at least one writer slot")
     unit = align_up(META_ALIGN, lba)
     lease_off = unit
-    parts_off = lease_off + align_up(partitions * lba, unit)
-    stride = align_down((capacity - parts_off) // partitions, unit) if capacity > parts_off else 0
-    if slots_per_partition is None:
-        slots_per_partition = max(16, stride // max(avg_page_bytes + lba, lba))
-    slot_table = align_up(slots_per_partition * SLOT_ENTRY_BYTES, unit)
-    slots_per_partition = slot_table // SLOT_ENTRY_BYTES
+    segtab_off = lease_off + align_up(writers * lba, unit)
+    page = max(avg_page_bytes + lba, lba)
+    room = capacity - segtab_off
+    if segment_bytes is None:
+        stride = max(align_up(min(MIN_DEFAULT_SEGMENT_BYTES, room // (4 * writers)), unit),
+                     align_up(16 * page + SLOT_ENTRY_BYTES * 16, unit),
+                     align_up(-(-room // MAX_DEFAULT_SEGMENTS), unit))
+    else:
+        stride = align_up(segment_bytes, unit)
+    stride = max(unit, min(stride, align_down(capacity - segtab_off - unit, unit)))  # a small card: one segment
+    # each segment costs its stride plus one record (one LBA) in the segment table
+    nseg = max(0, room // (stride + lba)) + 1
+    while nseg > 0 and segtab_off + align_up(nseg * lba, unit) + nseg * stride > capacity:
+        nseg -= 1
+    segs_off = segtab_off + align_up(max(nseg, 1) * lba, unit)
+    if slots_per_segment is None:
+        slots_per_segment = max(16, stride // page)
+    slot_table = align_up(slots_per_segment * SLOT_ENTRY_BYTES, unit)
+    slots_per_segment = slot_table // SLOT_ENTRY_BYTES
     data = stride - slot_table
-    if data < 2 * lba:
-        raise ValueError(f"namespace of {capacity} bytes too small for {partitions} partitions")
-    return Geometry(lba, capacity, store_uuid, created_ns, partitions, lease_off, lba, parts_off, stride,
-                    slots_per_partition, slot_table, data, lba)
+    if nseg < 1 or data < 2 * lba:
+        raise ValueError(f"namespace of {capacity} bytes too small for one segment of {stride} bytes")
+    return Geometry(lba, capacity, store_uuid, created_ns, writers, lease_off, lba, segtab_off, lba, segs_off,
+                    stride, nseg, slots_per_segment, slot_table, data, lba)
 
 
 def pack_superblock(g: Geometry) -> bytes:
     """The superblock: 252 bytes of fields/reserved then CRC32C of them."""
     body = _SB.pack(SB_MAGIC, FORMAT_MAJOR, FORMAT_MINOR, g.lba_size, g.header_bytes, g.capacity_bytes,
-                    g.store_uuid, g.created_ns, g.partitions, SLOT_ENTRY_BYTES, g.lease_table_offset,
-                    g.lease_record_bytes, g.partitions_offset, g.partition_stride, g.slots_per_partition,
-                    g.slot_table_bytes, g.data_bytes, CHECKSUM_XXH3_128, 0)
+                    g.store_uuid, g.created_ns, g.writers, SLOT_ENTRY_BYTES, g.lease_table_offset,
+                    g.lease_record_bytes, g.segment_table_offset, g.segment_record_bytes, g.segments_offset,
+                    g.segment_stride, g.segments, g.slots_per_segment, g.slot_table_bytes, g.data_bytes,
+                    CHECKSUM_XXH3_128, 0)
     body = body.ljust(_SB_CRC_AT, b"\0")
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
+REFORMAT_HINT = "reopen with StoreConfig(reformat=True) to erase it and format version 2"
+
+
 def unpack_superblock(raw: bytes | memoryview) -> Geometry:
-    """Parse and validate a superblock; raises FormatError."""
+    """Parse and validate a superblock; raises FormatError (FormatVersionError for another major version)."""
     raw = bytes(raw[:SUPERBLOCK_BYTES])
     if raw[:8] != SB_MAGIC:
         raise FormatError("no page-store superblock (bad magic)")
     (crc,) = struct.unpack_from("<I", raw, _SB_CRC_AT)
     if crc32c.crc32c(raw[:_SB_CRC_AT]) != crc:
         raise FormatError("superblock checksum mismatch")
-    (_, major, _minor, lba, hdr, cap, uuid, created, parts, seb, lease_off, lease_rec, parts_off, stride, slots,
-     slot_table, data, algo, _flags) = _SB.unpack_from(raw)
+    (major,) = struct.unpack_from("<I", raw, _SB_V1_MAJOR_AT)
     if major != FORMAT_MAJOR:
-        raise FormatError(f"unsupported format major version {major}")
+        raise FormatVersionError(f"the device holds a page store of format version {major}, this build reads only "
+                                 f"version {FORMAT_MAJOR}: {REFORMAT_HINT} (destroys its pages)")
+    (_, _major, _minor, lba, hdr, cap, uuid, created, writers, seb, lease_off, lease_rec, segtab_off, seg_rec,
+     segs_off, stride, nseg, slots, slot_table, data, algo, _flags) = _SB.unpack_from(raw)
     if seb != SLOT_ENTRY_BYTES or algo != CHECKSUM_XXH3_128:
         raise FormatError("unsupported slot entry size or checksum algorithm")
-    return Geometry(lba, cap, uuid, created, parts, lease_off, lease_rec, parts_off, stride, slots, slot_table,
-                    data, hdr)
+    return Geometry(lba, cap, uuid, created, writers, lease_off, lease_rec, segtab_off, seg_rec, segs_off, stride,
+                    nseg, slots, slot_table, data, hdr)
 
 
 @dataclass(frozen=True)
 class LeaseRecord:
-    """Ownership record of one writer partition."""
+    """Ownership record of one writer slot."""
 
-    partition: int
+    writer_slot: int
     state: int
     writer_id: bytes
     instance: bytes
@@ -173,6 +238,7 @@ class LeaseRecord:
     heartbeat_ns: int
     ttl_ns: int
     label: str = ""
+    wanted: int = 0  # segments this writer asks live owners above their fair share to hand over (§9)
 
     def expired(self, now_ns: int) -> bool:
         """True when the holder missed its heartbeat deadline (or the record is free)."""
@@ -181,8 +247,8 @@ class LeaseRecord:
 
 def pack_lease(rec: LeaseRecord, seed: int) -> bytes:
     """A 128-byte lease record (the caller pads it to one LBA)."""
-    body = _LEASE.pack(LEASE_MAGIC, rec.partition, rec.state, rec.writer_id, rec.instance, rec.generation,
-                       rec.heartbeat_ns, rec.ttl_ns, rec.label.encode()[:48], 0)
+    body = _LEASE.pack(LEASE_MAGIC, rec.writer_slot, rec.state, rec.writer_id, rec.instance, rec.generation,
+                       rec.heartbeat_ns, rec.ttl_ns, rec.label.encode()[:48], rec.wanted)
     return body + struct.pack("<I", seeded_crc(seed, body))
 
 
@@ -194,8 +260,39 @@ def unpack_lease(raw: bytes | memoryview, seed: int) -> LeaseRecord | None:
     (crc,) = struct.unpack_from("<I", raw, _LEASE.size)
     if seeded_crc(seed, raw[:_LEASE.size]) != crc:
         return None
-    _, part, state, wid, inst, gen, hb, ttl, label, _ = _LEASE.unpack_from(raw)
-    return LeaseRecord(part, state, wid, inst, gen, hb, ttl, label.rstrip(b"\0").decode(errors="replace"))
+    _, part, state, wid, inst, gen, hb, ttl, label, wanted = _LEASE.unpack_from(raw)
+    return LeaseRecord(part, state, wid, inst, gen, hb, ttl, label.rstrip(b"\0").decode(errors="replace"), wanted)
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    """Ownership record of one segment: which writer slot may write it, since when."""
+
+    segment: int
+    state: int
+    owner: int
+    writer_id: bytes
+    generation: int
+    claimed_ns: int
+
+
+def pack_segment(rec: SegmentRecord, seed: int) -> bytes:
+    """A 128-byte segment record (the caller pads it to one LBA)."""
+    body = _SEG.pack(SEGMENT_MAGIC, rec.segment, rec.state, rec.owner, 0, rec.writer_id, rec.generation,
+                     rec.claimed_ns, b"")
+    return body + struct.pack("<I", seeded_crc(seed, body))
+
+
+def unpack_segment(raw: bytes | memoryview, seed: int) -> SegmentRecord | None:
+    """Parse a segment record; None if never written, torn or from another format (the segment is free)."""
+    raw = bytes(raw[:RECORD_BYTES])
+    if raw[:8] != SEGMENT_MAGIC:
+        return None
+    (crc,) = struct.unpack_from("<I", raw, _SEG.size)
+    if seeded_crc(seed, raw[:_SEG.size]) != crc:
+        return None
+    _, seg, state, owner, _r, wid, gen, claimed, _ = _SEG.unpack_from(raw)
+    return SegmentRecord(seg, state, owner, wid, gen, claimed)
 
 
 @dataclass(frozen=True)
@@ -250,7 +347,7 @@ class PageHeader:
     seq: int
     length: int
     lba: int
-    partition: int
+    segment: int
     checksum: bytes
     generation: int
     created_ns: int
@@ -258,7 +355,7 @@ class PageHeader:
 
 def pack_header(h: PageHeader, seed: int) -> bytes:
     """A 128-byte page header (padded to one LBA by the caller)."""
-    body = _HDR.pack(PAGE_MAGIC, h.key, h.seq, h.length, h.lba, h.partition, CHECKSUM_XXH3_128, h.checksum,
+    body = _HDR.pack(PAGE_MAGIC, h.key, h.seq, h.length, h.lba, h.segment, CHECKSUM_XXH3_128, h.checksum,
                      h.generation, h.created_ns, b"")
     return body + struct.pack("<I", seeded_crc(seed, body))
 

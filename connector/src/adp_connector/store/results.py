@@ -13,11 +13,11 @@ class PageStatus(str, Enum):
     """Outcome of one page of a batch."""
 
     OK = "ok"                        # saved and committed / loaded and verified
-    EXISTS = "exists"                # save skipped: the key is already stored (or being saved by another batch)
+    EXISTS = "exists"                # save skipped without I/O: the key is already committed on the card
     MISSING = "missing"              # load: not in the index, or the index entry was stale
     VERIFY_FAILED = "verify_failed"  # load: header or checksum mismatch; the buffer content is undefined
-    NO_SPACE = "no_space"            # save: nothing evictable makes room (or the page exceeds a partition)
-    ERROR = "error"                  # device error, bad argument, no writable partition...
+    NO_SPACE = "no_space"            # save: nothing evictable makes room (or the page exceeds a segment)
+    ERROR = "error"                  # device error, bad argument, no writer slot...
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,11 @@ class PageResult:
     def ok(self) -> bool:
         """True for a committed save or a verified load."""
         return self.status is PageStatus.OK
+
+    @property
+    def committed(self) -> bool:
+        """Save: the key has a durable commit record on the card (saved now, or already there: ``exists``)."""
+        return self.status in (PageStatus.OK, PageStatus.EXISTS)
 
 
 class BatchHandle:
@@ -61,6 +66,10 @@ class BatchHandle:
     def ok_count(self, timeout: float | None = None) -> int:
         """Number of pages with status OK (waits)."""
         return sum(r.ok for r in self.wait(timeout))
+
+    def committed_keys(self, timeout: float | None = None) -> list[bytes]:
+        """Save: the keys whose pages are committed on the card (waits); everything else is not stored."""
+        return [r.key for r in self.wait(timeout) if r.committed]
 
     def add_done_callback(self, fn: Callable[[BatchHandle], None]) -> None:
         """Call ``fn(handle)`` on completion (immediately if already done)."""
@@ -92,6 +101,8 @@ class StoreStats:
     evictions: int = 0
     discards: int = 0
     lease_lost: int = 0
+    segments_claimed: int = 0   # segments won by claims (free, released or of expired writers)
+    segments_handed_over: int = 0  # own segments released to writers that asked for space
     refreshes: int = 0
     miss_refreshes: int = 0     # refreshes a load of unindexed keys triggered
     save_seconds: float = 0.0   # summed wall time of save batches
