@@ -278,7 +278,8 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                    help="port of the management API on 127.0.0.1 (0: any free port)")
     p.add_argument("--capacity", type=parse_size, default=parse_size("1G"), help="namespace size (default 1G)")
     p.add_argument("--lba-size", type=int, choices=[512, 4096], default=4096)
-    p.add_argument("--mdts", type=parse_size, default=parse_size("128K"), help="max data transfer size, a power of two from 4K to 128M (default 128K)")
+    p.add_argument("--mdts", type=parse_size, default=parse_size("128K"),
+                   help="max data transfer size, a power of two from 4K to 128M (default 128K)")
     p.add_argument("--backing", type=O.path, help="file backing the namespace (persists across restarts); default RAM")
     p.add_argument("--io-workers", type=O.int_in(0, 256), default=None, metavar="N",
                    help="userspace backend: serve I/O queues in N worker processes (default 0: one process)")

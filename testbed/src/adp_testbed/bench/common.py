@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -208,6 +210,7 @@ class Run:
             "engine": {**self.engine, "model": self.model, "vllm": SV.vllm_version(self.python),
                        "extra_args": list(self.args.engine_arg)},
             "environment": {"host": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
+                            **hardware(),
                             "target": "external" if self.args.target else "local emulator",
                             "target_workers": self.args.target_workers},
             "connector_options": dict(self.args.connector_opt),
@@ -223,6 +226,25 @@ class Run:
             print(f"report: {md}", file=sys.stderr)
         print(f"results: {self.out / 'results.json'}", file=sys.stderr)
         return result
+
+
+def hardware() -> dict[str, Any]:
+    """What the run was measured on: CPU model and cores, GPU model(s) (nvidia-smi, when present), UTC date."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    gpu = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=10, check=True).stdout.split("\n")
+        names = [n.strip() for n in names if n.strip()]
+        if names:
+            gpu = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
+    return {"cpu_model": cpu, "cpu_cores": os.cpu_count(), "gpu": gpu,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def counter_phase(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
