@@ -166,7 +166,7 @@ def _parser_for(cmd: DocCommand) -> Callable[[], argparse.ArgumentParser] | None
 
         return report_parser
     path = ROOT / (cmd.script or "")
-    if path.is_file() and path.read_text().startswith("#!/usr/bin/env python") or path.suffix == ".py":
+    if (path.is_file() and path.read_text().startswith("#!/usr/bin/env python")) or path.suffix == ".py":
         mod = _load_script(path)
         return getattr(mod, "build_parser", None)
     return None
@@ -250,7 +250,8 @@ def test_negative_control_a_wrong_command_is_caught(line: str, expect: str) -> N
 def test_extraction_handles_shell_syntax() -> None:
     text = ("```sh\nURL=$(testbed status --json | python3 -c 'x')\n"
             "PYTHONHASHSEED=0 testbed bench restart \\\n  --preset cpu-smoke   # comment\n"
-            "testbed up --port 0 && testbed down\nls testbed/tests\ntestbed status --json > s.json\n```\nInline: `scripts/soak --seconds 5`.\n"
+            "testbed up --port 0 && testbed down\nls testbed/tests\ntestbed status --json > s.json\n```\n"
+            "Inline: `scripts/soak --seconds 5`.\n"
             "```python\ntestbed up --port 1\n```\n```\nscripts/soak --seconds 5\n```\n")
     got = [(c.where, c.program, c.argv) for c in doc_commands(text, "t.md")]
     assert got == [("t.md:2", "testbed", ["status", "--json"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import ipaddress
 import json
 import math
@@ -143,14 +144,26 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CRASH, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
     """Help that shows each option's default (when it has a meaningful one) and keeps the epilog's layout."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        d = action.default
+    @staticmethod
+    def _default_note(action: argparse.Action) -> str | None:
+        text, d = action.help or "", action.default
         if ("%(default)" in text or "default" in text.lower() or d is None or d is False or d == []
                 or d is argparse.SUPPRESS or not action.option_strings or action.nargs == 0):
-            return text
+            return None
         shown = ",".join(map(str, d)) if isinstance(d, list) else d
-        return f"{text} (default: {shown})".replace("%", "%%") if text else f"(default: {shown})"
+        return f"(default: {shown})".replace("%", "%%")
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        note = self._default_note(action)
+        text = action.help or ""
+        return f"{text} {note}".strip() if note else text
+
+    def _format_action(self, action: argparse.Action) -> str:
+        note = self._default_note(action)
+        if not (action.help or "").strip() and note:  # an option without help text: its default alone
+            action = copy.copy(action)
+            action.help = note
+        return super()._format_action(action)
 
 
 class OneLineParser(argparse.ArgumentParser):
