@@ -207,3 +207,24 @@ def test_demo_hint_names_options_that_exist(tmp_path: Path, monkeypatch: pytest.
 def test_datapath_demo_refuses_the_vllm_demo_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--datapath", "--target", "192.0.2.10:4420"]) == 2
     assert "--target is for the vLLM demo" in capsys.readouterr().err
+
+
+def test_verify_prints_text_unless_json_is_asked(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`verify`: text without --json, only the JSON verdict with --json, the file with --json PATH."""
+    from adp_testbed import verify
+
+    verdict = {"family": "dense", "ok": True, "runnable": True, "pages_compared": 4, "totals": {"a": 1}}
+    monkeypatch.setattr(verify, "run", lambda args: dict(verdict))
+    assert main(["verify"]) == 0
+    out = capsys.readouterr().out
+    assert "pages_compared" in out and out.rstrip().endswith("RESULT: PASS")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out)
+    assert main(["verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == verdict
+    assert main(["verify", "--json", str(tmp_path / "v.json")]) == 0
+    assert "RESULT: PASS" in capsys.readouterr().out
+    assert json.loads((tmp_path / "v.json").read_text()) == verdict
+    monkeypatch.setattr(verify, "run", lambda args: dict(verdict, ok=False))
+    assert main(["verify"]) == 1 and "RESULT: FAIL" in capsys.readouterr().out

@@ -314,6 +314,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 _NOT_RUNNABLE_HERE = ("is not supported on CPU", "cpu_attn.cpp")
 
 
+def verdict_text(verdict: dict[str, Any]) -> str:
+    """The verdict for a person: one line per field (nested values as compact JSON), then the result."""
+    w = max((len(k) for k in verdict), default=0)
+    lines = [f"{k:<{w}}  {json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in verdict.items()]
+    result = "NOT RUNNABLE HERE" if not verdict.get("runnable", True) else "PASS" if verdict.get("ok") else "FAIL"
+    return "\n".join([*lines, f"RESULT: {result}"])
+
+
 def main(args: argparse.Namespace) -> int:
     """``testbed verify`` entry point: 0 pass, 1 fail, 2 not runnable here."""
     try:
@@ -327,7 +335,7 @@ def main(args: argparse.Namespace) -> int:
                 break
     O.emit_json(args, verdict)
     if not O.json_to_stdout(args):
-        print(json.dumps(verdict, indent=1))
+        print(verdict_text(verdict))
     if not verdict.get("runnable", True):
         print(f"testbed verify: {args.family}: {verdict['reason']}", file=sys.stderr)
         return 2
