@@ -239,7 +239,7 @@ def test_every_documented_command_parses() -> None:
     ("scripts/no-such-script --x", "does not exist"),
     ("testbed verify --target 10.0.0.1:4420 --trsvcid 4420", "not both"),
 ])
-def test_negative_control_a_wrong_command_is_caught(line: str, expect: str) -> None:
+def test_a_wrong_command_is_caught(line: str, expect: str) -> None:
     """The checker rejects made-up options, bad values, missing scripts and conflicts, naming the line."""
     (cmd,) = doc_commands(f"```bash\n{line}\n```\n", "fake.md")
     assert cmd.where == "fake.md:2"
