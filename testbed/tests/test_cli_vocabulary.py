@@ -228,3 +228,32 @@ def test_verify_prints_text_unless_json_is_asked(monkeypatch: pytest.MonkeyPatch
     assert json.loads((tmp_path / "v.json").read_text()) == verdict
     monkeypatch.setattr(verify, "run", lambda args: dict(verdict, ok=False))
     assert main(["verify"]) == 1 and "RESULT: FAIL" in capsys.readouterr().out
+
+
+def test_kernel_backend_port_follows_the_same_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`up --backend kernel`: without --port the config's port (the file's, else 4420); --port overrides it;
+    --port 0 asks for any free port. (The kernel target itself is replaced: only what it is given is checked.)"""
+    import adp_emulator.kernel as K
+
+    seen: list[tuple[int | None, str]] = []
+
+    class FakeKernelTarget:
+        def __init__(self, cfg, workdir, host_port=None, **kw):
+            seen.append((host_port, cfg.ports[0].trsvcid))
+
+        def start(self, timeout):
+            raise K.KernelBackendError("not started in this test")
+
+    monkeypatch.setattr(K, "KernelTarget", FakeKernelTarget)
+    from adp_testbed import state
+
+    monkeypatch.setattr(state, "bind_problem", lambda host, port: None)  # 4420 may be in use on a shared machine
+    file_port, other = _free_port(), _free_port()
+    cfg = tmp_path / "target.json"
+    save_config(default_config(port=file_port, nqn=NQN), cfg)
+    sd = str(tmp_path / "state")
+    for extra in ([], ["--config", str(cfg)], ["--config", str(cfg), "--port", str(other)], ["--port", "0"]):
+        assert main(["--state-dir", sd, "up", "--backend", "kernel", *extra]) == 2
+    assert "not started in this test" in capsys.readouterr().err
+    assert seen == [(None, "4420"), (None, str(file_port)), (other, str(other)), (0, "4420")]

@@ -107,16 +107,20 @@ def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
 
     if args.config:
         cfg = load_config(args.config)
+        if args.port and cfg.ports:  # an explicit --port overrides the file's (host nvmet and VM alike)
+            cfg.ports[0].trsvcid = str(args.port)
     else:
         cfg = default_config(port=args.port or DEFAULT_PORT, nqn=args.nqn)
         cfg.adp.capacity_bytes = args.capacity
-    if args.port:
-        problem = S.bind_problem("127.0.0.1", args.port)
+    port = args.port if args.port is not None else int(cfg.ports[0].trsvcid) if cfg.ports else 0
+    if port:
+        problem = S.bind_problem("127.0.0.1", port)
         if problem:
             raise CliError(problem)
     workdir = sdir / "kernel"
     workdir.mkdir(parents=True, exist_ok=True)
-    kt = KernelTarget(cfg, workdir, host_port=args.port if args.port else 0)
+    # host_port None: the config's own trsvcid (the file's, or --port's, or 4420); 0: any free port
+    kt = KernelTarget(cfg, workdir, host_port=args.port)
     try:
         info = kt.start(timeout=max(args.timeout, 30.0))
     except KernelBackendError as e:
