@@ -4,7 +4,8 @@ Fenced ``bash``/``sh``/plain code blocks are scanned for ``testbed ...``,
 ``.venv/bin/testbed ...``, ``python -m adp_testbed...``, ``python -m adp_emulator ...`` and ``scripts/...``
 command lines; each is run through ``build_parser().parse_args`` of the program it names (``testbed``, the
 emulator, ``scripts/soak``, ``scripts/fuzz-target``, the report); a shell script's options must be among its
-``case`` patterns. A failure names the file and line.
+``case`` patterns. Every documented ``--kv-transfer-config`` must be JSON that the connector's own
+``parse_config`` accepts. A failure names the file and line.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import importlib.machinery
 import importlib.util
 import io
+import json
 import re
 import shlex
 from collections.abc import Callable, Iterator
@@ -259,3 +261,57 @@ def test_extraction_handles_shell_syntax() -> None:
                    ("t.md:5", "testbed", ["up", "--port", "0"]), ("t.md:5", "testbed", ["down"]),
                    ("t.md:7", "testbed", ["status", "--json"]),
                    ("t.md:14", "script", ["--seconds", "5"])]
+
+
+def kv_transfer_configs(text: str, name: str) -> list[tuple[str, str]]:
+    """(file:line, JSON text) of every ``--kv-transfer-config '...'`` in the shell blocks of one document."""
+    out = []
+    for n, line in _shell_lines(text):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        out += [(f"{name}:{n}", words[i + 1]) for i, w in enumerate(words[:-1]) if w == "--kv-transfer-config"]
+    return out
+
+
+def check_kv_transfer_config(raw: str) -> str | None:
+    """None if the documented ``--kv-transfer-config`` is JSON that names ADPConnector and whose
+    ``kv_connector_extra_config`` the connector accepts; else why not."""
+    from adp_connector.vllm.config import ConfigError, parse_config
+
+    try:
+        cfg = json.loads(raw)
+    except ValueError as e:
+        return f"not JSON: {e}"
+    if cfg.get("kv_connector") != "ADPConnector":
+        return f"kv_connector is {cfg.get('kv_connector')!r}, not 'ADPConnector'"
+    if cfg.get("kv_role") != "kv_both":
+        return f"kv_role is {cfg.get('kv_role')!r} (the connector saves and loads: kv_both)"
+    try:
+        parse_config(cfg.get("kv_connector_extra_config"))
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def test_documented_kv_transfer_configs_are_valid() -> None:
+    found = [c for doc in DOCS for c in kv_transfer_configs(doc.read_text(), str(doc.relative_to(ROOT)))]
+    assert len(found) >= 2, found  # README: the emulator and a card at an address
+    bad = [f"{where}: {why}" for where, raw in found if (why := check_kv_transfer_config(raw))]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("raw, expect", [
+    ('{"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"tradr": "h"}}',
+     "unknown kv_connector_extra_config key"),
+    ('{"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"trsvcid": "x"}}',
+     "trsvcid"),
+    ('{"kv_connector": "ADPConnector", "kv_role": "kv_both",', "not JSON"),
+    ('{"kv_connector": "LMCacheConnector", "kv_role": "kv_both"}', "not 'ADPConnector'"),
+])
+def test_a_wrong_kv_transfer_config_is_caught(raw: str, expect: str) -> None:
+    line = f"vllm serve m --kv-transfer-config '{raw}'"
+    ((where, got),) = kv_transfer_configs(f"```bash\n{line}\n```\n", "fake.md")
+    why = check_kv_transfer_config(got)
+    assert where == "fake.md:2" and why is not None and expect in why, why
