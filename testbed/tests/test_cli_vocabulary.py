@@ -257,3 +257,52 @@ def test_kernel_backend_port_follows_the_same_rule(tmp_path: Path, monkeypatch: 
         assert main(["--state-dir", sd, "up", "--backend", "kernel", *extra]) == 2
     assert "not started in this test" in capsys.readouterr().err
     assert seen == [(None, "4420"), (None, str(file_port)), (other, str(other)), (0, "4420")]
+
+
+#: Options of other programs that testbed's source names: `vllm serve` (bench/serve.py builds its command line;
+#: `--engine-arg=--block-size=16` is the help's example) and nvidia-smi (the hardware line of the report).
+OTHER_PROGRAMS = {"--block-size", "--query-gpu", "--format", "--served-model-name", "--skip-tokenizer-init",
+                  "--dtype", "--load-format", "--enable-prefix-caching", "--prefix-caching-hash-algo",
+                  "--uvicorn-log-level", "--disable-uvicorn-access-log", "--enforce-eager", "--kv-cache-memory-bytes",
+                  "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--kv-transfer-config"}
+
+
+def _all_options() -> set[str]:
+    import argparse
+
+    from adp_emulator.__main__ import build_parser as emulator_parser
+    from adp_testbed.bench.report import build_parser as report_parser
+
+    def walk(p: argparse.ArgumentParser, acc: set[str]) -> set[str]:
+        for a in p._actions:
+            acc.update(a.option_strings)
+            if isinstance(a, argparse._SubParsersAction):
+                for sp in a.choices.values():
+                    walk(sp, acc)
+        return acc
+
+    return walk(build_parser(), set()) | walk(emulator_parser(), set()) | walk(report_parser(), set())
+
+
+def options_named_in(source: str) -> list[tuple[int, str]]:
+    """(line, option) for every ``--option`` inside a string literal of ``source`` (messages, hints, help)."""
+    import io
+    import tokenize
+
+    out = []
+    for t in tokenize.generate_tokens(io.StringIO(source).readline):
+        if t.type == tokenize.STRING or t.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
+            out += [(t.start[0], o) for o in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]+", t.string)]
+    return out
+
+
+def test_every_option_a_message_names_exists() -> None:
+    """Hints and messages (`give --vllm-python`, `Pass --yes-destroy`, ...) name only options that exist."""
+    known = _all_options() | OTHER_PROGRAMS
+    src = ROOT / "testbed" / "src" / "adp_testbed"
+    bad = [f"{f.relative_to(ROOT)}:{n}: {o}" for f in sorted(src.rglob("*.py"))
+           for n, o in options_named_in(f.read_text()) if o not in known]
+    assert not bad, bad
+    # negative control: a hint with a made-up option is found
+    planted = 'raise UsageError("no interpreter (give --vllm-pythn)")\n'
+    assert [o for _, o in options_named_in(planted) if o not in known] == ["--vllm-pythn"]
