@@ -30,6 +30,7 @@ from .sizes import parse_size
 
 DEFAULT_NQN = "nqn.2026-11.io.awide:adp-kv"
 DEFAULT_HOST = "127.0.0.1"
+PRESET_NOTE = "Options that show no default take the value of the --preset (presets.py; docs/bench-scenarios.md)."
 DEFAULT_PORT = 4420
 MGMT_TOKEN_FILE = "mgmt.token"  # in the state dir, mode 0600 (written by the emulator process)
 
@@ -313,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="scenario", required=True)
-    dp = bsub.add_parser("datapath", help="NVMe/TCP client read/write GB/s vs a plain loopback TCP stream")
+    dp = bsub.add_parser("datapath", help="NVMe/TCP client read/write GB/s vs a plain loopback TCP stream",
+                         description="NVMe/TCP client read/write GB/s vs a plain loopback TCP stream. " + PRESET_NOTE)
     from .bench.datapath import add_arguments
 
     add_arguments(dp)
@@ -337,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("restart", restart_bench, "vllm serve: prompts cold, engine restart, warm; TTFT baseline vs connector"),
             ("agents", agents_bench, "vllm serve: concurrent agents with growing histories; tokens/s per agent"),
             ("sweep", sweep_bench, "vllm serve: 1..N concurrent users; p50/p95 TTFT, throughput, failures")):
-        sp = bsub.add_parser(name, help=text)
+        sp = bsub.add_parser(name, help=text, description=f"{text}. {PRESET_NOTE}")
         mod.add_arguments(sp)
         sp.set_defaults(func=mod.main)
     from . import verify  # the vLLM acceptance harness
