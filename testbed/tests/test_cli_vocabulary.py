@@ -306,3 +306,11 @@ def test_every_option_a_message_names_exists() -> None:
     # negative control: a hint with a made-up option is found
     planted = 'raise UsageError("no interpreter (give --vllm-pythn)")\n'
     assert [o for _, o in options_named_in(planted) if o not in known] == ["--vllm-pythn"]
+
+
+def test_emulator_serve_takes_the_same_names() -> None:
+    from adp_emulator.__main__ import build_parser as emulator_parser
+
+    a = emulator_parser().parse_args(["serve", "--host", "127.0.0.1", "--port", "4425", "--nqn", NQN])
+    b = emulator_parser().parse_args(["serve", "--traddr", "127.0.0.1", "--trsvcid", "4425", "--subnqn", NQN])
+    assert (a.host, a.port, a.nqn) == (b.host, b.port, b.nqn) == ("127.0.0.1", 4425, NQN)
