@@ -18,6 +18,7 @@ import pytest
 from adp_testbed.bench import common, report, serve, traffic
 from adp_testbed.bench.presets import PRESETS, scenario_preset
 from adp_testbed.cli import build_parser
+from adp_testbed.hostinfo import host_info
 
 METRICS = """# HELP vllm:prefix_cache_queries_total Prefix cache queries
 # TYPE vllm:prefix_cache_queries_total counter
@@ -332,3 +333,94 @@ def test_restart_corrupt_card_refused_with_an_external_target() -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def _with_connector_arm(scenario: str, behind: bool) -> dict:
+    """The fake result with a connector arm: behind the baseline at one point (or nowhere), its counters saying
+    why (2 restores fell back at that point)."""
+    res = _fake_result(scenario)
+    base = res["arms"]["baseline"]
+    res["environment"] = {"machine": "x86_64", "cpu_model": "Test CPU 9000", "cpu_cores": 2, "gpu": None,
+                          "date": "2026-12-01 10:00 UTC"}
+    if scenario == "restart":
+        summ = dict(base["summary"], ttft_warm_mean_s=0.3 if behind else 0.05, warm_hits=80.0)
+        warm = {"counters": {k.removeprefix("vllm:"): 0.0 for k in serve.COUNTERS}}
+        warm["counters"].update(adp_kv_load_fallbacks=2.0, external_prefix_cache_hits=80.0)
+        res["arms"]["adp"] = {"available": True, "target": "local", "wall_s": 1.0, "summary": summ,
+                              "phases": {"warm": warm}}
+        return res
+    pts = []
+    for i, pt in enumerate(base["points"]):
+        q = dict(pt, counters=dict(pt["counters"], adp_kv_load_fallbacks=0.0, adp_kv_verify_failures=0.0))
+        if behind and i == 1:
+            q["counters"]["adp_kv_load_fallbacks"] = 2.0
+            if scenario == "agents":
+                q["agent_tps_mean"] = pt["agent_tps_mean"] / 2
+            else:
+                q["ttft_s"] = dict(pt["ttft_s"], p95=pt["ttft_s"]["p95"] * 3)
+        elif scenario == "agents":
+            q["agent_tps_mean"] = pt["agent_tps_mean"] * 2
+        else:
+            q["ttft_s"] = dict(pt["ttft_s"], p95=pt["ttft_s"]["p95"] / 2)
+            q["output_tps"] = pt["output_tps"] * 2
+        pts.append(q)
+    res["arms"]["adp"] = {"available": True, "target": "local", "wall_s": 1.0, "points": pts}
+    return res
+
+
+@pytest.mark.parametrize("scenario", ["restart", "agents", "sweep"])
+def test_report_explains_where_the_connector_arm_is_behind(tmp_path: Path, scenario: str) -> None:
+    """report.md has one sentence per point where the connector arm is behind, with the numbers and the cause
+    (the fallbacks); none when it is ahead everywhere (the negative control)."""
+    md = report.write_report(_with_connector_arm(scenario, behind=True), tmp_path / "behind").read_text()
+    after = md.split("Where the connector arm is behind (from this run's numbers):", 1)[1].split("![")[0]
+    notes = [ln for ln in after.splitlines() if ln.startswith("- ")]
+    assert len(notes) == 1, md
+    where = {"restart": "Warm phase", "agents": "At 2 agents", "sweep": "At 4 users"}[scenario]
+    assert notes[0].startswith(f"- {where}") and "2 restore(s) fell back to recompute" in notes[0], notes[0]
+    assert {"restart": "0.300 s against 0.100 s", "agents": "7.5 tokens/s per agent against 15.0",
+            "sweep": "TTFT p95"}[scenario] in notes[0]
+    ahead = report.write_report(_with_connector_arm(scenario, behind=False), tmp_path / "ahead").read_text()
+    assert "Where the connector arm is behind" not in ahead
+    assert "not behind another arm at any measured point" in ahead
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed")
+@pytest.mark.parametrize("scenario", ["restart", "agents", "sweep"])
+def test_report_figures_are_readable(tmp_path: Path, scenario: str) -> None:
+    """Each panel: y from 0, a legend naming each arm once, integer count ticks; the figure carries the hardware,
+    the model and the date; and the PNG is written."""
+    plt = report._plt()
+    res = _with_connector_arm(scenario, behind=True)
+    fig = {"restart": report.restart_figure, "agents": report.agents_figure, "sweep": report.sweep_figure}[
+        scenario](res, plt)
+    panels = [ax for ax in fig.axes if ax.get_legend() is not None or ax.get_ylabel() != "failed requests"]
+    assert panels and len(panels) == (1 if scenario == "restart" else 2)
+    for ax in panels:
+        assert ax.get_ylim()[0] == 0, (ax.get_ylabel(), ax.get_ylim())
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        for arm in ("baseline", "adp"):
+            assert legend.count(report.LABELS[arm]) == 1, legend
+        if scenario != "restart":
+            ticks = [t.get_text() for t in ax.get_xticklabels()]
+            assert ticks == [str(n) for n in ((1, 2, 4) if scenario == "agents" else (1, 4, 16))], ticks
+    text = " ".join(t.get_text() for t in fig.texts)
+    assert "Test CPU 9000 (2 cores)" in text and "no GPU" in text and "model dense" in text
+    assert "2026-12-01 10:00 UTC" in text
+    plt.close(fig)
+    md = report.write_report(res, tmp_path).read_text()
+    (png,) = tmp_path.glob("*.png")
+    assert png.stat().st_size > 1000 and png.name in md
+
+
+def test_report_caption_without_environment() -> None:
+    """Old results without hardware fields still get a caption (the date from the run id)."""
+    res = dict(_fake_result("agents"), run_id="bench-agents-20261130-091500-abcd1234")
+    cap = report.caption(res)
+    assert "2026-11-30 09:15" in cap and "model dense" in cap
+
+
+def test_hardware_is_recorded() -> None:
+    hw = host_info()
+    assert hw["cpu_cores"] >= 1 and hw["cpu_model"] and hw["date"].endswith("UTC")
+    assert hw["gpu_count"] == len(hw["gpus"]) and hw["mem_total_bytes"] > 0

@@ -66,9 +66,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the target until SIGINT/SIGTERM")
     s.add_argument("--config", help="nvmetcli JSON (+ 'adp' section); other options override it")
-    s.add_argument("--host", help="listen address (default 127.0.0.1)")
-    s.add_argument("--port", type=_port, help="TCP port (default 4420, 0 = any free port)")
-    s.add_argument("--nqn", help="subsystem NQN")
+    s.add_argument("--host", "--traddr", dest="host", help="listen address, the hosts' traddr (default 127.0.0.1)")
+    s.add_argument("--port", "--trsvcid", dest="port", type=_port,
+                   help="TCP port, the hosts' trsvcid (default 4420, 0 = any free port)")
+    s.add_argument("--nqn", "--subnqn", dest="nqn", help="subsystem NQN, the hosts' subnqn")
     s.add_argument("--capacity", type=_size, help="namespace size, e.g. 1G or 1.5M (binary units)")
     s.add_argument("--lba-size", type=int, choices=(512, 4096))
     s.add_argument("--mdts", type=_size, help="max data transfer size, 4K to 128M, a power of two, e.g. 128K")
@@ -221,6 +222,10 @@ def _settings(args: argparse.Namespace) -> Any:
 
         return settings_from_config(load_config(args.config), **kw)
     return TargetSettings(**kw)
+
+
+#: The parser of ``python -m adp_emulator`` (docs tests parse the documented command lines with it).
+build_parser = _build_parser
 
 
 def main(argv: list[str] | None = None) -> int:

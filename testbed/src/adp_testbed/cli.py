@@ -1,18 +1,26 @@
 """`testbed`: bring a local NVMe/TCP target up and down, show its status, run benchmarks and the demo.
 
-    testbed up [--backend user|kernel] [--port 4420] [--capacity 1G] ...
-    testbed status [--json]
+    testbed up [--backend user|kernel] [--port 4420] [--mgmt-port 0] [--capacity 1G] [--config FILE] ...
+    testbed status [--json [PATH]]
     testbed down
-    testbed bench datapath [--preset quick|full] [--target ADDR:PORT --nqn NQN]
+    testbed bench datapath [--preset quick|full] [--target ADDR:PORT --nqn NQN] [--json [PATH]]
     testbed bench restore-path [--helpers 1,2,4] [--target-workers 0,4] [--into gpu]
-    testbed demo
+    testbed verify [--family dense] [--target ADDR:PORT --nqn NQN]
+    testbed demo [--json [PATH]]
+
+One vocabulary: `up` listens on --host/--port as --nqn (aliases --traddr/--trsvcid/--subnqn); every command
+that uses a running target takes --target ADDR:PORT (or --traddr ADDR --trsvcid PORT) and --nqn (--subnqn):
+the connector's traddr, trsvcid and subnqn. `--json` alone (or `--json -`) prints only the JSON document on
+stdout (the text goes to stderr); `--json PATH` writes it to PATH.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
+import traceback
+from importlib import metadata
 from pathlib import Path
 
 from . import options as O
@@ -21,6 +29,9 @@ from . import targets as T
 from .sizes import parse_size
 
 DEFAULT_NQN = "nqn.2026-11.io.awide:adp-kv"
+DEFAULT_HOST = "127.0.0.1"
+PRESET_NOTE = "Options that show no default take the value of the --preset (presets.py; docs/bench-scenarios.md)."
+DEFAULT_PORT = 4420
 MGMT_TOKEN_FILE = "mgmt.token"  # in the state dir, mode 0600 (written by the emulator process)
 
 
@@ -49,17 +60,25 @@ def _check_up_args(args: argparse.Namespace) -> None:
         raise CliError("--allow-host and --allow-any-host contradict each other; give one")
 
 
+def _listen_address(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """--host/--port as given; without --config the defaults fill in, with it the file's own values stay."""
+    if args.config:
+        return args.host, args.port
+    return args.host or DEFAULT_HOST, DEFAULT_PORT if args.port is None else args.port
+
+
 def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
-    if not args.config:  # port 0 too: is the address one of this machine's?
-        problem = S.bind_problem(args.host, args.port)
+    host, port = _listen_address(args)
+    if host is not None and port is not None:  # port 0 too: is the address one of this machine's?
+        problem = S.bind_problem(host, port)
         if problem:
             raise CliError(problem)
     cmd = T.userspace_command(
-        host=args.host, port=args.port, config=args.config,
+        host=host, port=port, config=args.config,
         nqn=None if args.config else args.nqn, capacity=None if args.config else args.capacity,
         lba_size=None if args.config else args.lba_size, mdts=None if args.config else args.mdts,
         backing=args.backing, allow_hosts=args.allow_host, allow_any_host=args.allow_any_host,
-        mgmt_port=0, mgmt_token_file=str(sdir / MGMT_TOKEN_FILE), io_workers=args.io_workers)
+        mgmt_port=args.mgmt_port, mgmt_token_file=str(sdir / MGMT_TOKEN_FILE), io_workers=args.io_workers)
     try:
         got = T.launch_userspace(cmd, sdir / "target.log", timeout=args.timeout)
     except T.LaunchError as e:
@@ -70,11 +89,11 @@ def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
                                 "identity": S.process_identity(got.proc.pid)})
 
 
-def _spawn_kernel_mgmt(sdir: Path, workdir: Path, timeout: float) -> dict:
+def _spawn_kernel_mgmt(sdir: Path, workdir: Path, timeout: float, port: int = 0) -> dict:
     """The management API process of a kernel target (`adp_emulator mgmt`); {} if it does not start."""
     token_file = sdir / MGMT_TOKEN_FILE
     try:
-        proc, url = T.launch_mgmt(T.mgmt_command(workdir, token_file), sdir / "mgmt.log", timeout=timeout)
+        proc, url = T.launch_mgmt(T.mgmt_command(workdir, token_file, port), sdir / "mgmt.log", timeout=timeout)
     except T.LaunchError as e:
         print(f"note: no management API: {e}", file=sys.stderr)
         return {}
@@ -89,21 +108,25 @@ def _spawn_kernel(args: argparse.Namespace, sdir: Path) -> S.TargetState:
 
     if args.config:
         cfg = load_config(args.config)
+        if args.port and cfg.ports:  # an explicit --port overrides the file's (host nvmet and VM alike)
+            cfg.ports[0].trsvcid = str(args.port)
     else:
-        cfg = default_config(port=args.port or 4420, nqn=args.nqn)
+        cfg = default_config(port=args.port or DEFAULT_PORT, nqn=args.nqn)
         cfg.adp.capacity_bytes = args.capacity
-    if args.port:
-        problem = S.bind_problem("127.0.0.1", args.port)
+    port = args.port if args.port is not None else int(cfg.ports[0].trsvcid) if cfg.ports else 0
+    if port:
+        problem = S.bind_problem("127.0.0.1", port)
         if problem:
             raise CliError(problem)
     workdir = sdir / "kernel"
     workdir.mkdir(parents=True, exist_ok=True)
-    kt = KernelTarget(cfg, workdir, host_port=args.port if args.port else 0)
+    # host_port None: the config's own trsvcid (the file's, or --port's, or 4420); 0: any free port
+    kt = KernelTarget(cfg, workdir, host_port=args.port)
     try:
         info = kt.start(timeout=max(args.timeout, 30.0))
     except KernelBackendError as e:
         raise CliError(str(e)) from None
-    mgmt = _spawn_kernel_mgmt(sdir, workdir, args.timeout)
+    mgmt = _spawn_kernel_mgmt(sdir, workdir, args.timeout, args.mgmt_port)
     return S.TargetState(backend="kernel", traddr=info["traddr"], trsvcid=int(info["trsvcid"]),
                          subnqn=info["subnqn"], pid=int(info.get("pid") or 0), hosted=info.get("hosted", "vm"),
                          log=str(workdir), mgmt_url=mgmt.pop("mgmt_url", None),
@@ -213,8 +236,9 @@ def status_dict(sdir: Path) -> dict:
 
 def cmd_status(args: argparse.Namespace) -> int:
     d = status_dict(S.state_dir(args.state_dir))
-    if args.json:
-        print(json.dumps(d, indent=2))
+    O.emit_json(args, d)
+    if O.json_to_stdout(args):
+        pass
     elif d["backend"] is None:
         print("no target is up")
     else:
@@ -247,16 +271,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["user", "kernel"], default="user",
                    help="user: our userspace NVMe/TCP target; kernel: Linux nvmet (in a QEMU VM if needed)")
-    p.add_argument("--host", type=O.host_address, default="127.0.0.1", help="listen address (userspace backend)")
-    p.add_argument("--port", type=O.port, default=4420, help="TCP port (0: any free port)")
-    p.add_argument("--nqn", type=O.nqn, default=DEFAULT_NQN, help="subsystem NQN")
-    p.add_argument("--capacity", type=parse_size, default=parse_size("1G"), help="namespace size (e.g. 1G)")
+    p.add_argument("--host", "--traddr", dest="host", type=O.host_address, default=None, metavar="ADDR",
+                   help=f"listen address, the connector's traddr (userspace backend; default {DEFAULT_HOST}, "
+                        "or the --config file's)")
+    p.add_argument("--port", "--trsvcid", dest="port", type=O.port, default=None, metavar="PORT",
+                   help=f"TCP port, the connector's trsvcid (0: any free port; default {DEFAULT_PORT}, or the "
+                        "--config file's)")
+    p.add_argument("--nqn", "--subnqn", dest="nqn", type=O.nqn, default=DEFAULT_NQN, metavar="NQN",
+                   help="subsystem NQN, the connector's subnqn (ignored with --config)")
+    p.add_argument("--mgmt-port", type=O.port, default=0, metavar="PORT",
+                   help="port of the management API on 127.0.0.1 (0: any free port)")
+    p.add_argument("--capacity", type=parse_size, default=parse_size("1G"), help="namespace size (default 1G)")
     p.add_argument("--lba-size", type=int, choices=[512, 4096], default=4096)
-    p.add_argument("--mdts", type=parse_size, default=parse_size("128K"), help="max data transfer size")
+    p.add_argument("--mdts", type=parse_size, default=parse_size("128K"),
+                   help="max data transfer size, a power of two from 4K to 128M (default 128K)")
     p.add_argument("--backing", type=O.path, help="file backing the namespace (persists across restarts); default RAM")
     p.add_argument("--io-workers", type=O.int_in(0, 256), default=None, metavar="N",
                    help="userspace backend: serve I/O queues in N worker processes (default 0: one process)")
-    p.add_argument("--config", type=O.path, help="nvmetcli JSON configuration (overrides --nqn/--capacity/...)")
+    p.add_argument("--config", type=O.path, metavar="FILE",
+                   help="nvmetcli JSON configuration: its port, NQN, capacity, ... are used (--nqn/--capacity/"
+                        "--lba-size/--mdts ignored); --host/--port, when given, override the file's")
     p.add_argument("--allow-host", action="append", type=O.nqn,
                    help="host NQN allowed to connect (repeatable; enforced on loopback too)")
     p.add_argument("--allow-any-host", action="store_true", help="allow any host NQN (default only on loopback)")
@@ -265,6 +299,7 @@ def _target_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = O.OneLineParser(prog="testbed", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--version", action="version", version=f"testbed {version()}")
     ap.add_argument("--state-dir", type=O.path, default=None,
                     help="where the target's state lives (default $ADP_KV_STATE_DIR or ~/.local/state/adp-kv)")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -275,11 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--force", action="store_true", help="also remove an unreadable state file")
     down.set_defaults(func=cmd_down)
     st = sub.add_parser("status", help="show the local target")
-    st.add_argument("--json", action="store_true")
+    O.add_json_option(st, "the state")
     st.set_defaults(func=cmd_status)
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="scenario", required=True)
-    dp = bsub.add_parser("datapath", help="NVMe/TCP client read/write GB/s vs a plain loopback TCP stream")
+    dp = bsub.add_parser("datapath", help="NVMe/TCP client read/write GB/s vs a plain loopback TCP stream",
+                         description="NVMe/TCP client read/write GB/s vs a plain loopback TCP stream. " + PRESET_NOTE)
     from .bench.datapath import add_arguments
 
     add_arguments(dp)
@@ -303,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("restart", restart_bench, "vllm serve: prompts cold, engine restart, warm; TTFT baseline vs connector"),
             ("agents", agents_bench, "vllm serve: concurrent agents with growing histories; tokens/s per agent"),
             ("sweep", sweep_bench, "vllm serve: 1..N concurrent users; p50/p95 TTFT, throughput, failures")):
-        sp = bsub.add_parser(name, help=text)
+        sp = bsub.add_parser(name, help=text, description=f"{text}. {PRESET_NOTE}")
         mod.add_arguments(sp)
         sp.set_defaults(func=mod.main)
     from . import verify  # the vLLM acceptance harness
@@ -313,25 +349,55 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_arguments(vp)
     vp.set_defaults(func=verify.main)
     demo = sub.add_parser("demo", help="the restart A/B on a tiny CPU model (baseline vs ADP connector)")
-    demo.add_argument("--json", type=O.path, help="also write the results to this JSON file")
+    O.add_json_option(demo, "the results")
     demo.add_argument("--datapath", action="store_true",
                       help="the NVMe/TCP data path only (target, client, restart): no vLLM needed")
     demo.add_argument("--corrupt-card", action="store_true",
                       help="negative control: corrupt every stored page between the cold and warm phases; "
                            "the demo must then print RESULT: FAIL")
+    O.add_target_options(demo, "ADDR:PORT of an existing target (a real card) for the connector arm, the "
+                               "connector's traddr:trsvcid; default: a local emulator")
+    demo.add_argument("--yes-destroy", action="store_true",
+                      help="with --target: let the connector format a namespace that holds data but no page store")
+    demo.add_argument("--vllm-python", metavar="PYTHON",
+                      help="interpreter with vLLM (default: this one, else .venv-vllm)")
     demo.set_defaults(func=cmd_demo)
     return ap
 
 
+def version() -> str:
+    try:
+        return metadata.version("adp-kv-testbed")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit statuses: :data:`adp_testbed.options.EXIT_CODES` (0 ok, 1 failed check, 2 usage, 3 crash, 130)."""
     args = build_parser().parse_args(argv)
     try:
+        O.resolve_target(args)
+        if O.json_to_stdout(args):  # stdout holds the JSON document only; everything else goes to stderr
+            args.json_stream = sys.stdout
+            with contextlib.redirect_stdout(sys.stderr):
+                return args.func(args)
         return args.func(args)
     except (CliError, S.StateError, T.TargetError) as e:
         print(f"testbed: {e}", file=sys.stderr)
-        return 2
+        return O.EXIT_USAGE
+    except O.UsageError as e:
+        msg = str(e)
+        print(msg if msg.startswith("testbed") else f"testbed: {msg}", file=sys.stderr)
+        return O.EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return O.EXIT_INTERRUPTED
+    except SystemExit:
+        raise
+    except Exception:
+        traceback.print_exc()
+        print(f"testbed: crashed (exit status {O.EXIT_CRASH}); the traceback above is a bug, please report it",
+              file=sys.stderr)
+        return O.EXIT_CRASH
 
 
 if __name__ == "__main__":

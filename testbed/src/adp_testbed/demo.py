@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import random
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from adp_connector.nvmeof.host import Controller, HostConfig
 
+from . import options as O
 from .sizes import format_size
 from .targets import LocalTarget
 
@@ -85,9 +85,17 @@ def run(total: int = 64 << 20) -> dict:
     return results
 
 
+#: Options of `testbed demo` that only the vLLM demo (not --datapath) uses: passed on to `bench restart`.
+PASSED_ON = ("target", "nqn", "yes_destroy", "vllm_python")
+
+
 def main(args: argparse.Namespace) -> int:
     if not getattr(args, "datapath", False):
         return restart_ab(args)
+    used = [n for n in PASSED_ON if getattr(args, n, None)]
+    if used or getattr(args, "corrupt_card", False):
+        raise O.UsageError(f"testbed demo --datapath runs its own local target; "
+                           f"--{(used or ['corrupt_card'])[0].replace('_', '-')} is for the vLLM demo")
     return datapath_demo(args)
 
 
@@ -95,18 +103,29 @@ def restart_ab(args: argparse.Namespace) -> int:
     """The restart scenario, both arms, on the CPU preset; exit status 0 only if its acceptance holds."""
     from .bench import restart
 
-    p = argparse.ArgumentParser(prog="testbed demo")
+    p = O.OneLineParser(prog="testbed demo")
     restart.add_arguments(p)
     argv = ["--preset", "cpu-smoke"]
     if getattr(args, "json", None):
         argv += ["--json", args.json]
     if getattr(args, "corrupt_card", False):
         argv.append("--corrupt-card")
+    if getattr(args, "target", None):
+        argv += ["--target", args.target]
+    if getattr(args, "nqn", None):
+        argv += ["--nqn", args.nqn]
+    if getattr(args, "yes_destroy", False):
+        argv.append("--yes-destroy")
+    if getattr(args, "vllm_python", None):
+        argv += ["--vllm-python", args.vllm_python]
     print("ADP KV demo: vLLM (CPU, tiny random-weight model) with and without the ADP connector;\n"
           "prompts cold -> engine restart -> same prompts warm (takes a few minutes: engine starts dominate).\n"
           "Verdict: warm outputs equal to a local prefix-cache hit's, and every restored page byte-identical to "
           "the page saved")
-    rc = restart.main(p.parse_args(argv))
+    inner = p.parse_args(argv)
+    O.resolve_target(inner)
+    inner.json_stream = getattr(args, "json_stream", None)
+    rc = restart.main(inner)
     print("RESULT:", "PASS" if rc == 0 else "FAIL")
     return rc
 
@@ -127,8 +146,7 @@ def datapath_demo(args: argparse.Namespace) -> int:
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"  {k:<{w}}  {v}")
-    if getattr(args, "json", None):
-        Path(args.json).write_text(json.dumps(r, indent=2))
+    O.emit_json(args, r)
     ok = r["identical"] and r["identical_after_restart"]
     print("RESULT:", "PASS" if ok else "FAIL")
     return 0 if ok else 1

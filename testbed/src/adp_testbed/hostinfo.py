@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from typing import Any
 
 
@@ -45,9 +46,11 @@ def gpus() -> list[str]:
 
 
 def host_info() -> dict[str, Any]:
-    """GPU models and count, CPU model, usable cores, memory: the ``environment`` of a results JSON."""
+    """GPU models and count, CPU model, usable cores, memory, UTC date: the ``environment`` of a results JSON."""
     g = gpus()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    names = [x.split(",")[0].strip() for x in g]
+    summary = (f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)) if names else None
     return {"host": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
-            "gpus": g, "gpu_count": len(g), "cpu_model": _cpu_model(), "cpu_cores": usable,
-            "mem_total_bytes": _mem_total_bytes()}
+            "gpus": g, "gpu_count": len(g), "gpu": summary, "cpu_model": _cpu_model(), "cpu_cores": usable,
+            "mem_total_bytes": _mem_total_bytes(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import ipaddress
+import json
 import math
+import sys
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 from adp_emulator.target.settings import check_nqn_format
 
@@ -121,8 +125,123 @@ def path(text: str) -> str:
     return text
 
 
+class UsageError(SystemExit):
+    """A bad option or combination of options found after parsing: one line, exit status 2 under `testbed`
+    (a SystemExit, so that a caller outside `testbed` stops too)."""
+
+
+#: Exit statuses of every `testbed` command (the README and each ``--help`` epilog list them).
+EXIT_CODES = """exit status:
+  0    success (the acceptance held, the target is up/down, ...)
+  1    an acceptance or a correctness check failed (RESULT: FAIL; `status`: the target is not running)
+  2    usage: a bad option, value or combination, or a target that cannot be used (one line on stderr)
+  3    crash: an unexpected error inside testbed (a traceback on stderr; please report it)
+  130  interrupted (Ctrl-C)"""
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CRASH, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each option's default (when it has a meaningful one) and keeps the epilog's layout."""
+
+    @staticmethod
+    def _default_note(action: argparse.Action) -> str | None:
+        text, d = action.help or "", action.default
+        if ("%(default)" in text or "default" in text.lower() or d is None or d is False or d == []
+                or d is argparse.SUPPRESS or not action.option_strings or action.nargs == 0):
+            return None
+        shown = ",".join(map(str, d)) if isinstance(d, list) else d
+        return f"(default: {shown})".replace("%", "%%")
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        note = self._default_note(action)
+        text = action.help or ""
+        return f"{text} {note}".strip() if note else text
+
+    def _format_action(self, action: argparse.Action) -> str:
+        note = self._default_note(action)
+        if not (action.help or "").strip() and note:  # an option without help text: its default alone
+            action = copy.copy(action)
+            action.help = note
+        return super()._format_action(action)
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line (``prog: error: ... (see prog --help)``), exit 2."""
+    """An ArgumentParser whose usage errors are one line (``prog: error: ... (see prog --help)``), exit 2; its
+    help shows defaults and ends with the exit statuses."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        kw.setdefault("formatter_class", DefaultsFormatter)
+        kw.setdefault("epilog", EXIT_CODES)
+        super().__init__(*a, **kw)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The shared vocabulary: an existing target, and JSON output.
+
+TARGET_HELP = ("ADDR:PORT of an existing target (a real card), the connector's traddr:trsvcid; "
+               "skips the local emulator")
+
+
+def add_target_options(p: argparse.ArgumentParser, target_help: str = TARGET_HELP) -> None:
+    """``--target ADDR:PORT`` (or ``--traddr ADDR --trsvcid PORT``) and ``--nqn`` (``--subnqn``): the
+    connector's ``traddr``/``trsvcid``/``subnqn``, under the same names on every command that uses a target
+    that is already running. :func:`resolve_target` combines them after parsing."""
+    g = p.add_argument_group("existing target (the connector's traddr / trsvcid / subnqn)")
+    g.add_argument("--target", type=target_address, metavar="ADDR:PORT", help=target_help)
+    g.add_argument("--traddr", type=target_host, metavar="ADDR", help="the address part of --target alone "
+                   "(with --trsvcid)")
+    g.add_argument("--trsvcid", type=port, metavar="PORT", help="the port part of --target alone (with --traddr)")
+    g.add_argument("--nqn", "--subnqn", dest="nqn", type=nqn, metavar="NQN",
+                   help="subsystem NQN of the target (default: ask its discovery controller)")
+
+
+def target_host(text: str) -> str:
+    """A target's address alone (IP literal or host name)."""
+    return target_address(f"{text}:1").rpartition(":")[0]
+
+
+def resolve_target(args: argparse.Namespace) -> None:
+    """Fill ``args.target`` from ``--traddr``/``--trsvcid`` (or those from ``--target``); UsageError on a
+    conflict. A no-op for commands without target options."""
+    if not hasattr(args, "target") or not hasattr(args, "traddr"):
+        return
+    if args.target and (args.traddr or args.trsvcid):
+        raise UsageError("give --target ADDR:PORT or --traddr/--trsvcid, not both")
+    if args.traddr or args.trsvcid:
+        if not args.trsvcid:
+            raise UsageError("--traddr needs --trsvcid (or give --target ADDR:PORT)")
+        host = args.traddr or "127.0.0.1"
+        args.target = f"[{host}]:{args.trsvcid}" if ":" in host else f"{host}:{args.trsvcid}"
+    if args.target:
+        host, _, p = args.target.rpartition(":")
+        args.traddr, args.trsvcid = host.strip("[]"), int(p)
+
+
+def add_json_option(p: argparse.ArgumentParser, what: str = "the results") -> None:
+    """``--json [PATH]``, the same on every command: write the JSON document to PATH; with no PATH or ``-``,
+    to stdout, which then holds nothing else (the human-readable output goes to stderr)."""
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH", type=path,
+                   help=f"write {what} as JSON to PATH; with no PATH (or -) to stdout, which then holds only "
+                        "the JSON (the text goes to stderr)")
+
+
+def json_to_stdout(args: argparse.Namespace) -> bool:
+    return getattr(args, "json", None) == "-"
+
+
+def emit_json(args: argparse.Namespace, doc: Any) -> None:
+    """Write ``doc`` where ``--json`` says (nothing without ``--json``)."""
+    where = getattr(args, "json", None)
+    if where is None:
+        return
+    text = json.dumps(doc, indent=2) + "\n"
+    if where == "-":
+        out = getattr(args, "json_stream", None) or sys.stdout
+        out.write(text)
+        out.flush()
+    else:
+        Path(where).write_text(text)

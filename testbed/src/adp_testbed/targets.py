@@ -112,12 +112,17 @@ class Launched:
     mgmt_url: str | None = None  # the management API (``serve --mgmt-port``), if enabled
 
 
-def userspace_command(host: str = "127.0.0.1", port: int = 0, nqn: str | None = None, capacity: int | None = None,
-                      lba_size: int | None = None, mdts: int | None = None, backing: str | None = None,
-                      config: str | None = None, allow_hosts: list[str] | None = None,
+def userspace_command(host: str | None = "127.0.0.1", port: int | None = 0, nqn: str | None = None,
+                      capacity: int | None = None, lba_size: int | None = None, mdts: int | None = None,
+                      backing: str | None = None, config: str | None = None, allow_hosts: list[str] | None = None,
                       allow_any_host: bool = False, mgmt_port: int | None = None,
                       mgmt_token_file: str | None = None, io_workers: int | None = None) -> list[str]:
-    cmd = [sys.executable, "-u", "-m", "adp_emulator", "serve", "--host", host, "--port", str(port)]
+    """``adp_emulator serve`` with these options; ``host``/``port`` None: not given (a --config's own)."""
+    cmd = [sys.executable, "-u", "-m", "adp_emulator", "serve"]
+    if host is not None:
+        cmd += ["--host", host]
+    if port is not None:
+        cmd += ["--port", str(port)]
     if mgmt_port is not None:
         cmd += ["--mgmt-port", str(mgmt_port)]
     if mgmt_token_file:

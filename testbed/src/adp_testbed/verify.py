@@ -31,6 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import options as O
+
 FAMILIES = ("dense", "swa", "mamba", "gdn", "mla", "dsa", "mtp")
 
 # family -> (model family in adp_testbed.models, extra LLM kwargs, compare first token only, hit unit tokens,
@@ -61,16 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", choices=FAMILIES, default="dense", help="model family to verify")
     parser.add_argument("--backend", choices=("user", "kernel"), default="user",
                         help="target: the userspace emulator (file-backed, restarted with the engine) or Linux nvmet")
-    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                        help="print only the JSON verdict (or write it to PATH)")
+    O.add_json_option(parser, "the verdict")
     parser.add_argument("--variant", choices=("gemma3", "mistral"), default="gemma3",
                         help="swa only: Gemma3 (3 SWA + 1 full layer, 4 HMA groups) or Mistral (all layers SWA)")
     parser.add_argument("--prompts", type=int, default=2, help="independent prompts")
     parser.add_argument("--prompt-len", type=int, default=1200, help="tokens per prompt")
     parser.add_argument("--max-tokens", type=int, default=16, help="greedy tokens generated per prompt")
-    parser.add_argument("--traddr", default="127.0.0.1", help="with --trsvcid: use this running target")
-    parser.add_argument("--trsvcid", type=int, default=None, help="port of a running target (default: start one)")
-    parser.add_argument("--subnqn", default=None)
+    O.add_target_options(parser, "ADDR:PORT of a running target (a real card), the connector's "
+                                 "traddr:trsvcid (default: start a local one)")
     parser.add_argument("--workdir", default=None, help="keep logs, audit records and the backing file here")
 
 
@@ -89,7 +89,7 @@ class _Target:
         self.user: Any = None
         self.kernel: Any = None
         self.port: int | None = args.trsvcid
-        self.subnqn: str | None = args.subnqn
+        self.subnqn: str | None = args.nqn
 
     def start(self) -> None:
         if self.args.trsvcid is not None:
@@ -155,7 +155,7 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
         if tgt.subnqn:
             extra["subnqn"] = tgt.subnqn
         cfg = vm.adp_connector(tgt.port, **extra)
-        cfg["kv_connector_extra_config"]["traddr"] = args.traddr
+        cfg["kv_connector_extra_config"]["traddr"] = args.traddr or "127.0.0.1"
         return cfg
 
     base = {"model": model, "max_tokens": args.max_tokens, "reset_between": False}
@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if tgt.subnqn:
                 extra["subnqn"] = tgt.subnqn
             conn = vm.adp_connector(tgt.port, **extra)
-            conn["kv_connector_extra_config"]["traddr"] = args.traddr
+            conn["kv_connector_extra_config"]["traddr"] = args.traddr or "127.0.0.1"
             # cold: pass 2 is a LOCAL prefix-cache hit, the token-exact reference for a restored run
             spec = {"model": model, "prompts": prompts, "max_tokens": args.max_tokens, "connector": conn,
                     "llm_kwargs": llm_kwargs, "passes": 2 if tag == "cold" else 1, "reset_between": False, "env": env}
@@ -314,6 +314,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 _NOT_RUNNABLE_HERE = ("is not supported on CPU", "cpu_attn.cpp")
 
 
+def verdict_text(verdict: dict[str, Any]) -> str:
+    """The verdict for a person: one line per field (nested values as compact JSON), then the result."""
+    w = max((len(k) for k in verdict), default=0)
+    lines = [f"{k:<{w}}  {json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in verdict.items()]
+    result = "NOT RUNNABLE HERE" if not verdict.get("runnable", True) else "PASS" if verdict.get("ok") else "FAIL"
+    return "\n".join([*lines, f"RESULT: {result}"])
+
+
 def main(args: argparse.Namespace) -> int:
     """``testbed verify`` entry point: 0 pass, 1 fail, 2 not runnable here."""
     try:
@@ -325,10 +333,9 @@ def main(args: argparse.Namespace) -> int:
                 line = next((ln for ln in str(exc).split(" | ") if cause in ln), cause)
                 verdict.update(runnable=False, reason=f"this vLLM cannot run {args.family} here: {line[-300:]}")
                 break
-    text = json.dumps(verdict, indent=1)
-    if args.json not in (None, "-"):
-        Path(args.json).write_text(text + "\n")
-    print(text)
+    O.emit_json(args, verdict)
+    if not O.json_to_stdout(args):
+        print(verdict_text(verdict))
     if not verdict.get("runnable", True):
         print(f"testbed verify: {args.family}: {verdict['reason']}", file=sys.stderr)
         return 2
@@ -336,6 +343,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(prog="testbed verify")
+    p = O.OneLineParser(prog="testbed verify")
     add_arguments(p)
-    sys.exit(main(p.parse_args()))
+    a = p.parse_args()
+    O.resolve_target(a)
+    sys.exit(main(a))

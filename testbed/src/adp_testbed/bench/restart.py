@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import options as O
 from ..card_faults import corrupt_payloads
 from . import common as C
 from .traffic import Client, Progress, Result, independent_prompts, summary
@@ -173,8 +174,8 @@ def acceptance(s: dict[str, Any]) -> dict[str, bool]:
 
 def main(args: argparse.Namespace) -> int:
     if args.corrupt_card and args.target:
-        raise SystemExit("testbed bench restart: --corrupt-card writes into the local emulator's pages; it is refused "
-                         "with --target (a card at an address is never corrupted)")
+        raise O.UsageError("testbed bench restart: --corrupt-card writes into the local emulator's pages; it is "
+                           "refused with --target (a card at an address is never corrupted)")
     run = C.Run("restart", args, {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                   "max_tokens": args.max_tokens})
     arms = run.run_arms(lambda arm, kv: _arm(run, arm, kv))

@@ -14,7 +14,6 @@ measured in the same run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ from adp_connector.store.api import Store
 from adp_connector.store.keys import KeyNamespace
 from adp_connector.store.process import SharedArena, StoreGroup, StoreProcess
 
+from .. import options as O
 from ..sizes import parse_size
 from ..targets import LocalTarget, refuse_to_overwrite_file
 from .stream import StreamServer
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "data is refused unless --yes-destroy")
     p.add_argument("--yes-destroy", action="store_true", help="with --backing: format a file that holds data")
     p.add_argument("--into", choices=["host", "gpu"], default="host")
-    p.add_argument("--json", help="write results to this file")
+    O.add_json_option(p, "the rows")
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -192,6 +192,5 @@ def main(args: argparse.Namespace) -> int:
                           f"{row['ceiling_gbps']:.1f}); CPU s target {row['target_cpu_s']:.1f} helpers "
                           f"{row['helpers_cpu_s']:.1f} over {row['seconds']:.2f} s", flush=True)
     arena.close()
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    O.emit_json(args, rows)
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from adp_connector.store.bench import run_benchmark
 
@@ -19,13 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queues", type=O.int_in(1, 128), default=4)
     p.add_argument("--mdts", type=size_list, default=size_list("128K"),
                    help="emulator MDTS, comma-separated for several runs")
-    p.add_argument("--target", type=O.target_address,
-                   help="ADDR:PORT of an existing target (a real card); its namespace is FORMATTED, so a namespace "
-                        "holding data or a page store is refused unless --yes-destroy")
-    p.add_argument("--nqn", type=O.nqn, help="subsystem NQN with --target")
+    O.add_target_options(p, "ADDR:PORT of an existing target (a real card), the connector's traddr:trsvcid, "
+                            "instead of the local emulator; a page store is written into it (refused when it holds "
+                            "data, unless --yes-destroy)")
     p.add_argument("--yes-destroy", action="store_true",
                    help="with --target: format the namespace even if it holds data or a page store")
-    p.add_argument("--json", type=O.path, help="write results to this file")
+    O.add_json_option(p, "the results")
 
 
 def _one(addr: str, port: int, nqn: str | None, args: argparse.Namespace, external: bool = False) -> dict:
@@ -55,7 +53,5 @@ def main(args: argparse.Namespace) -> int:
               f"store save {r['store_save_gbps']:.3f} GB/s vs raw write {r['raw_write_gbps']:.3f} "
               f"({r['save_vs_raw_write']:.2f}x)  store load {r['store_load_gbps']:.3f} GB/s vs raw read "
               f"{r['raw_read_gbps']:.3f} ({r['load_vs_raw_read']:.2f}x)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    O.emit_json(args, results)
     return 0
