@@ -108,7 +108,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                  if self._is_worker and self.cfg.io_process else None)
         self.link = StoreLink(self.cfg, writer=self._is_worker and self.cfg.save, identity=ident,
                               partition=self.tp_rank if self._is_worker else None,
-                              label=f"{role_name}-tp{self.tp_rank}-{os.getpid()}", arena=arena)
+                              label=f"{role_name}-tp{self.tp_rank}-{os.getpid()}", arena=arena,
+                              page_bytes=min((g.page_bytes for g in self.layouts if g.persists), default=None))
         self.scheduler_side = SchedulerSide(self.cfg, self.layouts, self.namer, self.link, self.counters,
                                             legacy=self._legacy)
         self.worker_side = WorkerSide(self.cfg, self.layouts, self.namer, self.link, self.counters,
