@@ -100,3 +100,25 @@ def test_window_blocks_follow_the_block_size(bs: int) -> None:
     (g, *_rest) = _gemma3(bs)
     assert g.window_blocks == -(-255 // bs) + 1
     assert list(g.needed_blocks(1184 // bs))[-1] == 1184 // bs - 1
+
+
+def test_a_card_formatted_for_large_pages_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A reader (the scheduler side) on a card formatted with the old hint says why small pages get evicted."""
+    tgt = start_card(tmp_path / "old.img")
+    cfg = parse_config({"traddr": "127.0.0.1", "trsvcid": tgt.address[1], "connect_timeout_s": 5.0,
+                        "retry_interval_s": 0.1})
+    links = []
+    try:
+        old = StoreLink(cfg, writer=True, identity="old", partition=0, label="old")  # formats with the old hint
+        links.append(old)
+        assert old.wait_ready(10.0) is not None
+        with caplog.at_level("WARNING", logger="vllm.adp_kv.backend"):
+            reader = StoreLink(cfg, writer=False, identity="r", partition=None, label="r", page_bytes=PAGE16)
+            links.append(reader)
+            assert reader.wait_ready(10.0) is not None
+            time.sleep(0.2)
+        assert any("slot table holds" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        for link in links:
+            link.close()
+        tgt.stop()

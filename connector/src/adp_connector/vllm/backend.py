@@ -121,9 +121,10 @@ class StoreLink:
         self._check_slots(store)
 
     def _check_slots(self, store: Any) -> None:
-        """Warn when the card's slot table, not its data area, bounds what this writer keeps."""
+        """Warn when the card's slot table, not its data area, bounds what a writer keeps (any link can tell: the
+        geometry is the card's; the worker's helper-process store does not expose it, the scheduler's does)."""
         geo = getattr(store, "geometry", None)
-        if not self._writer or not self.page_bytes or geo is None:
+        if not self.page_bytes or geo is None:
             return
         why = slot_shortfall(geo.slots_per_partition, geo.data_lbas, geo.lba_size, self.page_bytes)
         if why:
