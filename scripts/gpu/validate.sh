@@ -6,8 +6,9 @@
 #              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
 # datapath:    client reads into GPU memory through pinned buffers, 1..16 queues, target I/O workers 0/4/8.
 # restore-path: `testbed bench restore-path` (helper processes x target workers, into GPU memory) under py-spy.
-# families:    `testbed verify` for swa (Gemma3), mla (DeepSeek-V3 MLA), mtp (+ MTP head: acceptance off / on);
-#              FAMILIES="..." picks others.
+# families:    `testbed verify` for swa (Gemma3), swa:mistral (all layers SWA), mla (DeepSeek-V3 MLA), dsa
+#              (DeepSeek-V3.2: MLA + indexer pages), mtp (+ MTP head: acceptance off / on); FAMILIES="..." picks
+#              others, VERIFY_ARGS adds verify options (e.g. "--block-size 16").
 # restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
 # agents|sweep: `testbed bench agents|sweep --preset gpu` on the 8B shape (dummy weights, `vllm serve`), arms
 #              baseline, cpu-offload (vLLM's OffloadingConnector) and adp; BENCH_ARGS adds options, e.g.
@@ -65,18 +66,24 @@ case "$what" in
     echo "restore-path rc=$?"; grep -v "^py-spy\|^Sampling\|^Stopped\|^Wrote" "$out/restore-path.txt" | tail -12
     gzip -f "$out/restore-path.pyspy.txt"
     ;;
-  families)  # issue #7 item 1 on this image: `testbed verify` per family (random weights, cold -> restart -> warm,
-             # every restored page compared); mtp also measures acceptance with the connector off / saving / restoring
-    for fam in ${FAMILIES:-swa mla mtp}; do
+  families)  # issue #7 item 1 / issue 16: `testbed verify` per family (random weights, cold -> restart -> warm,
+             # every restored page compared); mtp also measures acceptance with the connector off / saving / restoring.
+             # FAMILIES entries: a family, or family:variant (swa:mistral = the all-SWA model); dsa checks that the
+             # compared pages hold the indexer keys. Two commands fit the 10-minute limit, e.g.
+             # FAMILIES="swa swa:mistral dsa" and FAMILIES="mla mtp".
+    for entry in ${FAMILIES:-swa swa:mistral mla dsa mtp}; do
+      fam=${entry%%:*}; variant=""; [ "$fam" != "$entry" ] && variant=${entry#*:}
+      tag=$fam${variant:+-$variant}
       extra=""
+      [ -n "$variant" ] && extra="--variant $variant"
       [ "$fam" = mtp ] && extra="--prompts 4 --max-tokens ${MTP_TOKENS:-128}"
-      timeout 420 python3 -m adp_testbed.cli verify --family "$fam" $extra --workdir "/tmp/verify-$fam" \
-        --json "$out/verify-$fam.json" > "$out/verify-$fam.log" 2>&1
-      echo "verify $fam rc=$?"
+      timeout 420 python3 -m adp_testbed.cli verify --family "$fam" $extra ${VERIFY_ARGS:-} --workdir "/tmp/verify-$tag" \
+        --json "$out/verify-$tag.json" > "$out/verify-$tag.log" 2>&1
+      echo "verify $tag rc=$?"
       python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print({k: v.get(k) for k in ('ok', 'outputs_identical',
-        'warm_hits', 'expected_warm_hits', 'pages_compared', 'pages_mismatched', 'acceptance', 'error', 'reason')})" \
-        "$out/verify-$fam.json" 2>&1 | tail -2
-      grep -h "Error\|error" "/tmp/verify-$fam/engines/"engine-*.log 2>/dev/null | grep -v "^$" | tail -3
+        'warm_hits', 'expected_warm_hits', 'pages_compared', 'pages_mismatched', 'pages_compared_by_group', 'dsa',
+        'acceptance', 'error', 'reason')})" "$out/verify-$tag.json" 2>&1 | tail -2
+      grep -h "Error\|error\|slot table" "/tmp/verify-$tag/engines/"engine-*.log 2>/dev/null | grep -v "^$" | tail -3
     done
     ;;
   restart)

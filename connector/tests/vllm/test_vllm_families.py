@@ -69,6 +69,15 @@ def test_family_restores_after_restart(family: str, variant: str, tmp_path: obje
         assert acc["restored_C_drafter_kv_zeroed"]["acceptance"] <= ref["C"]["acceptance"] - 0.15, acc
 
 
+def test_swa_restores_the_whole_hit_at_block_16(tmp_path: object) -> None:
+    """Issue 16 item 1: Gemma3 at the H200's block size (16) writes 600 pages of 8 KiB; the card the connector
+    formats must hold them all (it lost the first prompt's hit when its slot table was sized for 256 KiB pages)."""
+    v = verify.run(_args("swa", tmp_path, block_size=16))
+    assert v["block_size"] == 16 and v["pages_saved"] == 600, v
+    assert v["warm_hits"] == v["expected_warm_hits"] == 2 * 1184, v
+    assert v["outputs_identical"] and v["pages_mismatched"] == 0 and v["ok"], v
+
+
 def test_dsa_is_refused_on_cpu_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     assert verify.main(_args("dsa", "/tmp")) == 2
     assert "Sparse Attention is not supported on CPU" in capsys.readouterr().err

@@ -145,3 +145,22 @@ def test_deepseek_v32_indexer_is_part_of_the_mla_page() -> None:
     assert g.kind is GroupKind.MLA and g.tp_replicated
     assert [la.role for la in g.layers] == [LayerRole.MLA, LayerRole.INDEXER]
     assert g.page_bytes == 64 * 576 * 2 + 64 * 132
+
+
+def test_deepseek_v32_indexer_without_cache_role_vllm_026() -> None:
+    """vLLM 0.26's indexer cache is an MLAAttentionSpec without ``cache_role``: its layer name tells."""
+    class MLAAttentionSpec:  # 0.26's spec as the layout layer reads it (class name, block_size, page bytes)
+        def __init__(self, head_size: int, itemsize: int) -> None:
+            self.block_size, self.page_size_bytes = 64, 64 * head_size * itemsize
+
+    class Group:
+        def __init__(self, layers: dict[str, object]) -> None:
+            self.layer_names, self.kv_cache_spec = list(layers), next(iter(layers.values()))
+
+    mla, idx = MLAAttentionSpec(576, 2), MLAAttentionSpec(132, 1)
+    from adp_connector.vllm.layouts import layer_role
+
+    assert layer_role("model.layers.0.self_attn.indexer.k_cache", idx) is LayerRole.INDEXER
+    assert layer_role("model.layers.0.self_attn.attn", mla) is LayerRole.MLA
+    (g,) = describe_groups(type("Cfg", (), {"kv_cache_groups": [Group({"model.layers.0.self_attn.attn": mla})]}))
+    assert g.kind is GroupKind.MLA and [la.role for la in g.layers] == [LayerRole.MLA]

@@ -40,8 +40,8 @@ def test_vllm_versions_supported_and_refused() -> None:
         with pytest.raises(RuntimeError, match=r"found 0\.32\.0"):
             _check_vllm_version("0.32.0")
     assert _check_vllm_version("0.26.0") is True  # the legacy contract (the GPU image's release)
-    for untested in ("0.25.1", "0.29.0", "0.31.2"):
-        with pytest.raises(RuntimeError, match=rf"supports vLLM 0\.26\.x and >= 0\.32 \(found {untested}\)"):
+    for untested in ("0.25.1", "0.29.0", "0.31.2", "0.34.0"):
+        with pytest.raises(RuntimeError, match=rf"supports vLLM 0\.26\.x, 0\.32\.x and 0\.33\.x \(found {untested}\)"):
             _check_vllm_version(untested)
 
 

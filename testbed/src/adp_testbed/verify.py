@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -48,12 +49,27 @@ _PLAN: dict[str, tuple[str, dict[str, Any], bool, int, bool]] = {
     "mamba": ("mamba", {}, False, 384, True),
 }
 
-_CANNOT = {
-    "dsa": "DeepSeek-V3.2 sparse attention (DSA) cannot run on CPU: vLLM 0.32 raises "
-           "'NotImplementedError: Sparse Attention is not supported on CPU.' (vllm/platforms/cpu.py:150). "
-           "Its indexer layout is covered by connector/tests/vllm/test_vllm_layouts.py. This harness has no "
-           "random-weight DSA checkpoint (indexer weights) for a GPU run yet either.",
+# DeepSeek-V3.2 (DSA): GPU-only; the checkpoint is the MLA model + an indexer per layer
+# (models.checkpoints._add_dsa_indexer), compared like MLA (first token)
+_PLAN["dsa"] = ("dsa", {}, True, 64, False)
+
+# family -> why it cannot run without a CUDA device (checked before any engine starts)
+_CUDA_ONLY = {
+    "dsa": "DeepSeek-V3.2 sparse attention (DSA) cannot run on CPU: vLLM raises 'NotImplementedError: Sparse "
+           "Attention is not supported on CPU.' (vllm/platforms/cpu.py, 0.26 and 0.32). Its indexer layout is "
+           "covered by connector/tests/vllm/test_vllm_layouts.py; run it on a GPU (scripts/gpu/validate.sh "
+           "families, FAMILIES=dsa).",
 }
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
 
 _MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}
 
@@ -66,12 +82,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     O.add_json_option(parser, "the verdict")
     parser.add_argument("--variant", choices=("gemma3", "mistral"), default="gemma3",
                         help="swa only: Gemma3 (3 SWA + 1 full layer, 4 HMA groups) or Mistral (all layers SWA)")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="engine KV block size (vLLM's --block-size; default: the engine's choice)")
     parser.add_argument("--prompts", type=int, default=2, help="independent prompts")
     parser.add_argument("--prompt-len", type=int, default=1200, help="tokens per prompt")
     parser.add_argument("--max-tokens", type=int, default=16, help="greedy tokens generated per prompt")
     O.add_target_options(parser, "ADDR:PORT of a running target (a real card), the connector's "
                                  "traddr:trsvcid (default: start a local one)")
     parser.add_argument("--workdir", default=None, help="keep logs, audit records and the backing file here")
+
+
+def _with_block_size(llm_kwargs: dict[str, Any], block_size: int | None) -> dict[str, Any]:
+    """``llm_kwargs`` with the engine's KV block size set (``--block-size``), else unchanged."""
+    return dict(llm_kwargs, block_size=block_size) if block_size else llm_kwargs
 
 
 def _models() -> ModuleType:
@@ -127,6 +150,42 @@ def _audit(work: Path, tag: str) -> list[dict[str, Any]]:
             for line in f.read_text().splitlines() if line]
 
 
+_GROUPS_LINE = re.compile(r"ADP KV connector \(WORKER\): \d+ group\(s\): (.*)")
+_GROUP = re.compile(r"g(\d+)=(\w+)/(\d+)/(\d+)B")
+
+
+def _connector_groups(engine_log: Path) -> list[dict[str, Any]]:
+    """The worker connector's groups (id, kind, block size, page bytes) as its start-up line in ``engine_log``
+    lists them (the last such line)."""
+    lines = [m.group(1) for m in _GROUPS_LINE.finditer(engine_log.read_text(errors="replace"))] \
+        if engine_log.exists() else []
+    if not lines:
+        return []
+    return [{"group": int(g), "kind": k, "block_size": int(b), "page_bytes": int(n)}
+            for g, k, b, n in _GROUP.findall(lines[-1])]
+
+
+# bytes per token of one DSA layer: the indexer's key (index_head_dim fp8 + one fp32 scale per 128) and the MLA
+# latent (kv_lora_rank + qk_rope_head_dim) in bf16, or vLLM's fp8_ds_mla (656 bytes per token,
+# v1/kv_cache_interface.py MLAAttentionSpec.real_page_size_bytes)
+def _dsa_token_bytes(cfg: dict[str, Any]) -> dict[str, int]:
+    d = cfg["index_head_dim"]
+    return {"indexer": d + d // 128 * 4, "mla_bf16": (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2,
+            "mla_fp8_ds_mla": 656}
+
+
+def _dsa_pages_cover_indexer(model: str, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the persisted pages hold every layer's MLA latent AND its indexer key (bytes per token compared)."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    tb, layers = _dsa_token_bytes(cfg), cfg["num_hidden_layers"]
+    have = sum(g["page_bytes"] // g["block_size"] for g in groups
+               if g["kind"] not in ("volatile", "unsupported") and g["block_size"])
+    with_indexer = {layers * (tb[m] + tb["indexer"]) for m in ("mla_bf16", "mla_fp8_ds_mla")}
+    return {"page_bytes_per_token": have, "expected_with_indexer": sorted(with_indexer),
+            "without_indexer": sorted(layers * tb[m] for m in ("mla_bf16", "mla_fp8_ds_mla")),
+            "indexer_in_pages": have in with_indexer}
+
+
 def _acceptance(p: dict[str, Any], before: dict[str, Any] | None = None) -> dict[str, Any]:
     """Speculative-decoding counters of one pass (minus the engine's counters before it) and the acceptance rate."""
     d = {k: v - (before["spec"][k] if before else 0.0) for k, v in p["spec"].items()}
@@ -161,7 +220,9 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
     base = {"model": model, "max_tokens": args.max_tokens, "reset_between": False}
     eng = work / "engines"
     # one request per step: every engine prefills a prompt with the same shapes (else bf16 rounding differs)
-    on, off = dict(_MTP, max_num_seqs=1), {"max_num_seqs": 1}
+    bsz = getattr(args, "block_size", None)
+    on = _with_block_size(dict(_MTP, max_num_seqs=1), bsz)
+    off = _with_block_size({"max_num_seqs": 1}, bsz)
     no_drafter = {"store_drafter_kv": False}
     r0 = vm.run_subprocess(dict(base, prompts=a, pass_prompts=[a, b, c], llm_kwargs=on), eng)
     r1 = vm.run_subprocess(dict(base, prompts=a, llm_kwargs=on, connector=conn("e1")), eng)
@@ -223,8 +284,8 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the verification; return the verdict dict."""
     fam = args.family
-    if fam in _CANNOT:
-        return {"family": fam, "ok": False, "runnable": False, "reason": _CANNOT[fam]}
+    if fam in _CUDA_ONLY and not _cuda():
+        return {"family": fam, "ok": False, "runnable": False, "reason": _CUDA_ONLY[fam]}
     vm = _models()
     if fam == "mtp":
         work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="adp-verify-mtp-"))
@@ -236,6 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             tgt.stop()
     model_family, llm_kwargs, first_token_only, unit, workaround = _PLAN[fam]
+    llm_kwargs = _with_block_size(llm_kwargs, getattr(args, "block_size", None))
     if fam == "swa" and getattr(args, "variant", "gemma3") == "mistral":
         model_family = "mistral_swa"
     env: dict[str, str] = {}
@@ -302,10 +364,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cold_generate_s": round(cold["seconds"], 3), "warm_generate_s": round(warm["seconds"], 3),
         "total_s": round(time.monotonic() - t0, 1), "workdir": str(work),
     }
+    logs = sorted((work / "engines").glob("engine-*.log"), key=lambda f: int(f.stem.split("-")[1]))
+    verdict["groups"] = _connector_groups(logs[-1]) if logs else []
+    by_group: dict[int, int] = {}
+    for r in loads:
+        by_group[int(r.get("group", -1))] = by_group.get(int(r.get("group", -1)), 0) + 1
+    verdict["pages_compared_by_group"] = {str(g): n for g, n in sorted(by_group.items())}
+    covered = True
+    if fam == "dsa":  # the pages compared must hold the indexer's keys too, not only the MLA latents
+        verdict["dsa"] = _dsa_pages_cover_indexer(model, verdict["groups"])
+        covered = verdict["dsa"]["indexer_in_pages"]
     verdict["ok"] = bool(verdict["outputs_identical"] and verdict["cold_hits"] == 0
                          and verdict["cold_queries"] == verdict["prompt_tokens"]
                          and verdict["warm_hits"] == expected_hits and loads and mismatched == 0
-                         and not verdict["load_fallbacks"])
+                         and not verdict["load_fallbacks"] and covered)
     return verdict
 
 

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import threading
 import time
+from typing import Any
 
 from ..nvmeof.host import Controller, HostConfig
 from ..store import PageStore, StoreConfig
@@ -27,13 +28,32 @@ from .config import ADPConfig
 log = logging.getLogger("vllm.adp_kv.backend")
 
 
+def slot_shortfall(slots_per_partition: int, data_lbas: int, lba_size: int, page_bytes: int) -> str | None:
+    """Why a writer partition of this geometry runs out of slots long before data room for ``page_bytes`` pages
+    (None when the slot table is not the limit). A card formatted for larger pages (the format's
+    ``avg_page_bytes`` hint) holds only ``slots_per_partition`` pages per writer, however small they are: the LRU
+    then evicts pages the data area had room for (e.g. Gemma3 at block 16: 8 KiB pages, 4 groups)."""
+    page_lbas = 1 + -(-page_bytes // lba_size)  # header block + payload (store/format.py Geometry.page_lbas)
+    fit = data_lbas // page_lbas
+    if slots_per_partition * 2 > fit:
+        return None
+    return (f"the card's slot table holds {slots_per_partition} pages per writer, its data area {fit} pages of "
+            f"{page_bytes} bytes: it was formatted for larger pages, so this writer keeps at most "
+            f"{slots_per_partition} pages (reformat the card, an empty one is formatted for this model's pages)")
+
+
 class StoreLink:
-    """A page store on the configured target, opened in the background."""
+    """A page store on the configured target, opened in the background.
+
+    ``page_bytes``: this model's smallest page, the slot-table sizing hint when this link formats a new card (the
+    store's default assumes 256 KiB pages; smaller pages would run out of slots before the data area fills).
+    """
 
     def __init__(self, cfg: ADPConfig, *, writer: bool, identity: str, partition: int | None,
-                 label: str, arena: SharedArena | None = None) -> None:
+                 label: str, arena: SharedArena | None = None, page_bytes: int | None = None) -> None:
         self.cfg = cfg
         self.arena = arena
+        self.page_bytes = page_bytes
         self._writer = writer
         self._writer_id = hashlib.blake2b(identity.encode(), digest_size=16).digest()
         self._partition = partition
@@ -72,6 +92,8 @@ class StoreLink:
                          preferred_partition=self._partition, verify=c.verify,
                          refresh_interval_s=c.refresh_interval_s, io_threads=c.io_threads,
                          max_io_bytes=c.max_io_kib << 10, io_timeout_s=max(c.load_timeout_s, 1.0))
+        if self.page_bytes:
+            sc.avg_page_bytes = self.page_bytes
         store: PageStore | StoreProcess | StoreGroup
         ctrl: Controller | None = None
         if self.arena is not None:
@@ -96,6 +118,17 @@ class StoreLink:
                     ctrl.close()
                 return
             self._ctrl, self._store = ctrl, store
+        self._check_slots(store)
+
+    def _check_slots(self, store: Any) -> None:
+        """Warn when the card's slot table, not its data area, bounds what a writer keeps (any link can tell: the
+        geometry is the card's; the worker's helper-process store does not expose it, the scheduler's does)."""
+        geo = getattr(store, "geometry", None)
+        if not self.page_bytes or geo is None:
+            return
+        why = slot_shortfall(geo.slots_per_partition, geo.data_lbas, geo.lba_size, self.page_bytes)
+        if why:
+            log.warning("ADP KV: %s", why)
 
     def _process_exited(self, reason: str) -> None:
         """The store's helper process went away: serve without the cache and start another one."""

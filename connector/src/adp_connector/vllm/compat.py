@@ -1,13 +1,30 @@
 """Everything that differs between vLLM releases, in one place: the version check, vLLM 0.26's legacy contract
 (block tables from the scheduler output, failures as block ids, its model limits) and the optional >= 0.32 types.
 
-docs/connector.md, "Supported vLLM versions": >= 0.32 natively, 0.26.x through the legacy path.
+docs/connector.md, "Supported vLLM versions": 0.32.x and 0.33.x natively, 0.26.x through the legacy path; any
+other release is refused until it has been checked (its connector contract changes between minor releases).
+
+vLLM 0.33.0, checked in its wheel's source (``pip download --no-deps vllm==0.33.0``):
+
+* ``KVConnectorBase_V1.requires_kv_delivery`` defaults to ``is_kv_producer`` (True for ``kv_both``); the scheduler
+  then recomputes a preempted request whose hand-off is pending (``drop_stale_output``): the connector returns
+  False (a cache: a dropped save is a future miss);
+* ``KVCacheSpec.is_draft`` tags a draft model's layers (``compare=False``: it never affects grouping; the planner
+  derives ``KVCacheGroupSpec.is_eagle_group`` from it): :func:`draft_layers` reads it per layer;
+* ``KVCacheConfig.hash_block_size`` carries the engine core's resolved hash granularity (0.26 / 0.32 do not have
+  it: :func:`hash_block_size` resolves it the way their engine core does);
+* KV-cache planning moved to ``vllm.v1.core.kv_cache_planning`` (``get_kv_cache_configs``, grouping, layouts);
+  what the connector imports stayed in ``kv_cache_utils`` (``resolve_none_hash_seed``,
+  ``resolve_kv_cache_block_sizes``) in 0.26, 0.32 and 0.33;
+* ``Request.num_publishable_block_hashes`` is NOT in 0.33.0 (not in its ``v1/request.py``): it came later on
+  vLLM's main, where block lists handed to connectors include the partial tail and draft KV is published only once
+  materialized. :func:`publishable_hashes` caps saves by it where it exists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import legacy_invalid_blocks
 from .layouts import GroupKind, GroupLayout
@@ -29,7 +46,9 @@ else:
     HAS_FAILED_RECVING = True
 
 MIN_VLLM = (0, 32)
+NATIVE_VLLM = ((0, 32), (0, 33))  # the native contract, checked release by release (module docstring)
 LEGACY_VLLM = ((0, 26),)  # also supported, through the legacy contract (docs/connector.md, "Supported vLLM versions")
+SUPPORTED_TEXT = "0.26.x, 0.32.x and 0.33.x"
 
 try:  # vLLM >= 0.32 labels external hits by tier
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -42,20 +61,64 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
 
-def check_vllm_version(version: str) -> bool:
-    """Refuse vLLM releases whose connector contract is untested; True for the legacy (0.26) contract."""
+def check_vllm_version(version: str, *, native_api: bool | None = None) -> bool:
+    """Refuse vLLM releases whose connector contract is untested; True for the legacy (0.26) contract.
+
+    ``native_api``: whether the installed vLLM has the >= 0.32 result type (default: what was imported)."""
+    native = HAS_FAILED_RECVING if native_api is None else native_api
     try:
         major, minor = (int(x) for x in version.split(".")[:2])
     except ValueError:
-        return not HAS_FAILED_RECVING  # a development build: go by the API it has
+        return not native  # a development build: go by the API it has
     if (major, minor) in LEGACY_VLLM:
         return True
-    if (major, minor) < MIN_VLLM or not HAS_FAILED_RECVING:
+    if (major, minor) not in NATIVE_VLLM or not native:
+        newer = (major, minor) > max(NATIVE_VLLM)
         raise RuntimeError(
-            f"ADPConnector supports vLLM 0.26.x and >= {MIN_VLLM[0]}.{MIN_VLLM[1]} (found {version}): the "
-            "releases in between are untested (their connector contract differs: load-failure reporting, block "
-            "state, Mamba registration). See docs/connector.md, \"Supported vLLM versions\".")
+            f"ADPConnector supports vLLM {SUPPORTED_TEXT} (found {version}): "
+            + ("a newer release's connector contract has not been checked yet (base.py, the scheduler, KV-cache "
+               "planning change between minor releases)" if newer else
+               "the releases in between are untested (their connector contract differs: load-failure reporting, "
+               "block state, Mamba registration)")
+            + ". See docs/connector.md, \"Supported vLLM versions\".")
     return False
+
+
+def hash_block_size(kv_cache_config: Any, vllm_config: Any) -> int:
+    """Tokens per ``Request.block_hashes`` entry: vLLM 0.33 records it in the config; 0.26 / 0.32 resolve it in the
+    engine core (``kv_cache_utils.resolve_kv_cache_block_sizes``: the GCD of the groups' block sizes with several
+    groups), which is reproduced here; ``cache_config.block_size`` only where neither exists."""
+    v = getattr(kv_cache_config, "hash_block_size", None)
+    if v:
+        return int(v)
+    dcp = int(getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1) or 1)
+    if len(kv_cache_config.kv_cache_groups) <= 1:
+        return int(vllm_config.cache_config.block_size) * dcp
+    try:
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    except ImportError:  # pragma: no cover - every supported release has it
+        return int(vllm_config.cache_config.block_size)
+    return int(resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)[1])
+
+
+def draft_layers(kv_cache_config: Any) -> set[str]:
+    """Layers vLLM >= 0.33 tags as a draft model's (``KVCacheSpec.is_draft``), where the per-layer specs are known
+    (``UniformTypeKVCacheSpecs``); a plain group's spec is merged from its first layer, so its tag says nothing
+    about the others (names and ``is_eagle_group`` cover those: layouts.drafter_layer_names)."""
+    out: set[str] = set()
+    for g in kv_cache_config.kv_cache_groups:
+        per_layer = getattr(g.kv_cache_spec, "kv_cache_specs", None)
+        if isinstance(per_layer, dict):
+            out.update(n for n, sp in per_layer.items() if getattr(sp, "is_draft", False))
+    return out
+
+
+def publishable_hashes(request: Any) -> int:
+    """How many of ``request.block_hashes`` may be stored by hash: all, unless this vLLM publishes fewer
+    (``num_publishable_block_hashes``, after 0.33.0: a block whose draft KV is not materialized yet)."""
+    n = len(request.block_hashes)
+    cap = getattr(request, "num_publishable_block_hashes", None)
+    return n if cap is None else max(0, min(n, int(cap)))
 
 
 def check_legacy_layouts(version: str, layouts: list[GroupLayout]) -> None:

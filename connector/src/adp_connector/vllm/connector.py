@@ -31,7 +31,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from ..pipeline import Counters, LoadChunk, LoadJob, PageAudit
 from ..store.process import SharedArena
 from .backend import StoreLink
-from .compat import DISK_HIT_SOURCE, KVConnectorTransferResults, check_legacy_layouts, check_vllm_version
+from .compat import (
+    DISK_HIT_SOURCE,
+    KVConnectorTransferResults,
+    check_legacy_layouts,
+    check_vllm_version,
+    draft_layers,
+    hash_block_size,
+)
 from .compat import HAS_FAILED_RECVING as _HAS_FAILED_RECVING
 from .compat import pp_rank as _pp_rank
 from .compat import tp_rank as _tp_rank
@@ -85,12 +92,12 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         all_layers = [n for g in kv_cache_config.kv_cache_groups for n in g.layer_names]
         n_target = getattr(vllm_config.model_config.hf_text_config, "num_hidden_layers", None)
         self.layouts: list[GroupLayout] = describe_groups(
-            kv_cache_config, drafter_layer_names(all_layers, n_target, spec_cfg is not None),
+            kv_cache_config,
+            drafter_layer_names(all_layers, n_target, spec_cfg is not None) | draft_layers(kv_cache_config),
             store_drafters=self.cfg.store_drafter_kv)
         if self._legacy:
             check_legacy_layouts(_VLLM_VERSION, self.layouts)
-        self.hash_block_size = int(getattr(kv_cache_config, "hash_block_size", None)
-                                   or vllm_config.cache_config.block_size)
+        self.hash_block_size = hash_block_size(kv_cache_config, vllm_config)
         self.namer = PageNamer(vllm_config, self.cfg, self.layouts, hash_block_size=self.hash_block_size,
                                tp_rank=self.tp_rank, tp_size=self.tp_size, pp_rank=self.pp_rank,
                                pp_size=self.pp_size, legacy=self._legacy)
@@ -108,7 +115,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                  if self._is_worker and self.cfg.io_process else None)
         self.link = StoreLink(self.cfg, writer=self._is_worker and self.cfg.save, identity=ident,
                               partition=self.tp_rank if self._is_worker else None,
-                              label=f"{role_name}-tp{self.tp_rank}-{os.getpid()}", arena=arena)
+                              label=f"{role_name}-tp{self.tp_rank}-{os.getpid()}", arena=arena,
+                              page_bytes=min((g.page_bytes for g in self.layouts if g.persists), default=None))
         self.scheduler_side = SchedulerSide(self.cfg, self.layouts, self.namer, self.link, self.counters,
                                             legacy=self._legacy)
         self.worker_side = WorkerSide(self.cfg, self.layouts, self.namer, self.link, self.counters,

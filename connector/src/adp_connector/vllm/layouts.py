@@ -152,7 +152,9 @@ def layer_role(name: str, spec: Any, drafter_layers: Iterable[str] = ()) -> Laye
     if "MLAAttentionSpec" in names or "SlidingWindowMLASpec" in names:
         role = getattr(spec, "cache_role", None)
         role_v = getattr(role, "value", role)
-        return LayerRole.INDEXER if str(role_v).lower() == "indexer" else LayerRole.MLA
+        # vLLM 0.26 has no cache_role: its DSA indexer cache is a plain MLAAttentionSpec named "...indexer.k_cache"
+        indexer = str(role_v).lower() == "indexer" or (role is None and ".indexer." in name)
+        return LayerRole.INDEXER if indexer else LayerRole.MLA
     return LayerRole.KV
 
 

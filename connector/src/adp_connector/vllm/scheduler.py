@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..pipeline.counters import Counters
 from .backend import StoreLink
-from .compat import BlockTables
+from .compat import BlockTables, publishable_hashes
 from .config import ADPConfig
 from .layouts import GroupKind, GroupLayout, best_hit
 from .metadata import ADPMetadata, PageRef
@@ -220,7 +220,7 @@ class SchedulerSide:
             req = st.request
             hashes = req.block_hashes
             done = req.num_computed_tokens + n_sched - len(spec_tokens.get(rid, ()))
-            done = min(done, len(hashes) * self.hash_block_size)
+            done = min(done, publishable_hashes(req) * self.hash_block_size)
             table = bs_state.get_block_ids(rid)
             if table is None:
                 continue

@@ -11,7 +11,7 @@ runs.
 
 from __future__ import annotations
 
-from .checkpoints import FAMILIES, MLA_GPU, cache_dir, ensure_model
+from .checkpoints import DSA, FAMILIES, MLA_GPU, cache_dir, check_dsa_checkpoint, ensure_model
 from .cpu_workarounds import PATH as CPU_WORKAROUNDS
 from .engine import (
     adp_connector,
@@ -26,6 +26,6 @@ from .engine import (
 
 _metric = metric_total  # the name connector/tests/vllm/test_vllm_fault_matrix.py calls
 
-__all__ = ["CPU_WORKAROUNDS", "FAMILIES", "MLA_GPU", "adp_connector", "cache_dir", "connector_totals",
-           "ensure_model", "metric_total", "prompts", "run_engine", "run_process_group", "run_subprocess",
-           "vllm_version"]
+__all__ = ["CPU_WORKAROUNDS", "DSA", "FAMILIES", "MLA_GPU", "adp_connector", "cache_dir", "check_dsa_checkpoint",
+           "connector_totals", "ensure_model", "metric_total", "prompts", "run_engine", "run_process_group",
+           "run_subprocess", "vllm_version"]

@@ -63,6 +63,89 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "num_nextn_predict_layers": 0}),
 }
 
+# DeepSeek-V3.2 (DSA): the MLA model plus a lightning indexer per layer. GPU-only (vLLM: "Sparse Attention is not
+# supported on CPU"); its dims are the GPU MLA ones (MLA_GPU) and index_n_heads 64 (the DeepGEMM indexer vLLM 0.26
+# bundles asserts 16/32/64 heads: /work/shared/gpu/README.md). index_topk stays below the verify prompts (1200
+# tokens) so each query attends to the indexer's top-k selection, not to every token: outputs depend on the
+# indexer's cache.
+DSA = {"index_n_heads": 64, "index_head_dim": 128, "index_topk": 256}
+# vLLM's weight names of one layer's indexer (model_executor/models/deepseek_v2.py: Indexer; wk and weights_proj
+# are fused at load time) -> shape from (config): [rows, cols] or [cols] for the LayerNorm
+_INDEXER_TENSORS = ("wq_b.weight", "wk.weight", "weights_proj.weight", "k_norm.weight", "k_norm.bias")
+
+
+def _indexer_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    h, d, q = cfg["index_n_heads"], cfg["index_head_dim"], cfg["q_lora_rank"]
+    return {"wq_b.weight": (h * d, q), "wk.weight": (d, cfg["hidden_size"]),
+            "weights_proj.weight": (h, cfg["hidden_size"]), "k_norm.weight": (d,), "k_norm.bias": (d,)}
+
+
+def _add_dsa_indexer(out: Path, seed: int = 0) -> None:
+    """Turn a DeepSeek-V3 checkpoint into a DeepSeek-V3.2 one: a random-weight indexer per layer and the config
+    keys vLLM reads (``index_topk`` makes it a V3.2 model; vLLM maps ``deepseek_v32`` to ``DeepseekV3Config``, so
+    no transformers class of V3.2 is needed). Linear weights are N(0, initializer_range), the LayerNorm is ones /
+    zeros, as ``from_config`` would give them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(DSA, model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"])
+    (shard,) = sorted(out.glob("*.safetensors"))
+    w = load_file(str(shard))
+    gen = torch.Generator().manual_seed(seed)
+    std = float(cfg.get("initializer_range", 0.02))
+    for i in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{i}.self_attn.indexer."
+        for name, shape in _indexer_shapes(cfg).items():
+            if name == "k_norm.weight":
+                t = torch.ones(shape)
+            elif name == "k_norm.bias":
+                t = torch.zeros(shape)
+            else:
+                t = torch.randn(shape, generator=gen) * std
+            w[pre + name] = t.to(torch.bfloat16)
+    save_file(w, str(shard), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+
+
+def check_dsa_checkpoint(path: Path, prompt_len: int | None = None) -> list[str]:
+    """What keeps ``path`` from being a DSA checkpoint whose outputs depend on the indexer (empty: nothing).
+
+    Checks the config (V3.2 architecture, indexer dims, ``index_topk`` below ``prompt_len``) and that every layer
+    has every indexer tensor, of the shape vLLM's loader expects."""
+    from safetensors import safe_open
+
+    problems: list[str] = []
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    if cfg.get("architectures") != ["DeepseekV32ForCausalLM"] or cfg.get("model_type") != "deepseek_v32":
+        problems.append(f"not a DeepSeek-V3.2 config: {cfg.get('architectures')} / {cfg.get('model_type')}")
+    for k, v in DSA.items():
+        if k not in cfg:
+            problems.append(f"config has no {k}")
+        elif k != "index_topk" and cfg[k] != v:
+            problems.append(f"config {k}={cfg[k]}, not {v}")
+    if prompt_len is not None and cfg.get("index_topk", prompt_len) >= prompt_len:
+        problems.append(f"index_topk {cfg.get('index_topk')} >= the prompt length {prompt_len}: every token is "
+                        "selected, the indexer does not matter")
+    if problems:
+        return problems
+    shapes = _indexer_shapes(cfg)
+    found: dict[str, tuple[int, ...]] = {}
+    for shard in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has keys(), not iteration)
+                if ".self_attn.indexer." in name:
+                    found[name] = tuple(f.get_slice(name).get_shape())
+    for i in range(cfg["num_hidden_layers"]):
+        for name, shape in shapes.items():
+            full = f"model.layers.{i}.self_attn.indexer.{name}"
+            if full not in found:
+                problems.append(f"missing {full}")
+            elif found[full] != shape:
+                problems.append(f"{full} has shape {found[full]}, not {shape}")
+    return problems
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("ADP_KV_CACHE", str(Path.home() / ".cache" / "adp-kv"))) / "models"
 
@@ -140,6 +223,9 @@ def ensure_model(family: str) -> Path:
     if family == "mtp":  # DeepSeek-V3, 1 layer + a self-drafting MTP head: generated as 2 layers (_add_mtp_head)
         cfg_cls, model_cls, over = FAMILIES["mla"]
         over, name = dict(over, num_hidden_layers=2, first_k_dense_replace=2), "mtp-selfdraft"
+    elif family == "dsa":  # DeepSeek-V3 (GPU MLA dims) + an indexer per layer (_add_dsa_indexer): GPU-only
+        cfg_cls, model_cls, over = FAMILIES["mla"]
+        over = dict(over, **MLA_GPU)
     else:
         cfg_cls, model_cls, over = FAMILIES[family]
     if family in ("mla", "mtp") and _on_gpu():
@@ -159,6 +245,8 @@ def ensure_model(family: str) -> Path:
     model.save_pretrained(tmp)
     if family == "mtp":
         _add_mtp_head(tmp, cfg.hidden_size)
+    if family == "dsa":
+        _add_dsa_indexer(tmp)
     _unfuse_experts(tmp)
     tmp.rename(out)
     return out

@@ -1,0 +1,29 @@
+"""``testbed verify`` options that shape the engine (no vLLM needed)."""
+
+from __future__ import annotations
+
+import argparse
+
+from adp_testbed import verify
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    verify.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_block_size_reaches_the_engine_kwargs() -> None:
+    assert _parse("--family", "swa").block_size is None
+    ns = _parse("--family", "swa", "--block-size", "16")
+    assert verify._with_block_size({"max_num_batched_tokens": 256}, ns.block_size) == {
+        "max_num_batched_tokens": 256, "block_size": 16}
+    # control: without the option the plan's kwargs are left as they are (the engine picks its block)
+    plan = {"max_num_batched_tokens": 256}
+    assert verify._with_block_size(plan, None) is plan
+
+
+def test_every_family_has_a_plan_or_a_cuda_only_reason() -> None:
+    for fam in verify.FAMILIES:
+        assert fam == "mtp" or fam in verify._PLAN, fam
+    assert "dsa" in verify._CUDA_ONLY and "Sparse Attention is not supported on CPU" in verify._CUDA_ONLY["dsa"]
