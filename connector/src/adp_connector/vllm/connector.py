@@ -61,6 +61,24 @@ _LoadChunk, _LoadJob = LoadChunk, LoadJob
 __all__ = ["_HAS_FAILED_RECVING", "ADPConnector", "ADPMetadata", "ADPWorkerMetadata", "PageRef"]
 
 
+def make_recompute_effective(ktc: Any) -> None:
+    """Make a failed restore recompute, whatever ``kv_load_failure_policy`` says (vLLM's default is "fail": the
+    request would end with an empty output). Called by the scheduler-role connector: vLLM 0.26 and 0.32 create it
+    (``v1/core/sched/scheduler.py``, ``KVConnectorFactory.create_connector``) before the scheduler reads the policy
+    from the same ``kv_transfer_config``, so setting it here is what the scheduler then applies."""
+    policy = getattr(ktc, "kv_load_failure_policy", "recompute")
+    if policy == "recompute":
+        return
+    try:
+        ktc.kv_load_failure_policy = "recompute"
+    except Exception as exc:  # a frozen config: the override cannot take effect
+        raise RuntimeError(f"ADPConnector: kv_load_failure_policy={policy!r} would fail requests whose restore "
+                           f"fails and cannot be overridden ({exc}); set \"kv_load_failure_policy\": \"recompute\" "
+                           "in --kv-transfer-config") from None
+    log.warning("ADP KV: kv_load_failure_policy=%r overridden to \"recompute\": a restore that fails (bad card, "
+                "checksum mismatch, timeout) recomputes the prefix instead of failing the request", policy)
+
+
 class ADPConnector(KVConnectorBase_V1, SupportsHMA):
     """KV connector persisting prefix-cache pages on an ADP card (or the emulator) over NVMe/TCP."""
 
@@ -72,10 +90,9 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self.cfg: ADPConfig = parse_config(ktc.kv_connector_extra_config)
-        if getattr(ktc, "kv_load_failure_policy", "recompute") != "recompute":
-            log.warning("ADP KV: kv_load_failure_policy=%r turns a bad restore into a failed request; "
-                        "use \"recompute\"", ktc.kv_load_failure_policy)
         self._is_worker = role == KVConnectorRole.WORKER
+        if not self._is_worker:
+            make_recompute_effective(ktc)
         pc = vllm_config.parallel_config
         self.tp_rank = _tp_rank() if self._is_worker else 0
         self.tp_size = pc.tensor_parallel_size
