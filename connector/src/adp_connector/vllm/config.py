@@ -7,6 +7,7 @@ turning the cache off.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -138,10 +139,14 @@ def host_defaults(cpu_count: int | None = None, gpu: bool | None = None,
 def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
     """Validate ``kv_connector_extra_config`` and return an :class:`ADPConfig` (raises :class:`ConfigError`)."""
     extra = dict(extra or {})
-    unknown = sorted(set(extra) - set(OPTIONS))
+    unknown = sorted(set(extra) - set(OPTIONS), key=str)
     if unknown:
-        raise ConfigError(f"ADPConnector: unknown kv_connector_extra_config key(s) {unknown}; "
-                          f"valid keys: {sorted(OPTIONS)}")
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(str(k), list(OPTIONS), n=1, cutoff=0.6)
+            hints.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+        raise ConfigError(f"ADPConnector: unknown kv_connector_extra_config key(s) {', '.join(hints)}; "
+                          f"valid keys: {', '.join(OPTIONS)}")
     values: dict[str, Any] = {}
     for f in fields(ADPConfig):
         if f.name not in extra:

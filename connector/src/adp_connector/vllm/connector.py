@@ -131,9 +131,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker_side = WorkerSide(self.cfg, self.layouts, self.namer, self.link, self.counters,
                                       num_blocks=kv_cache_config.num_blocks, slab_bytes=_SLAB_BYTES, arena=arena,
                                       audit=self.audit, legacy=self._legacy)
-        if self.link.wait_ready(self.cfg.connect_timeout_s) is None:
-            log.warning("ADP KV: no page store yet (%s); serving without the cache until it comes up",
-                        self.link.last_error or "connecting")
+        self.link.wait_startup()  # an unreachable target is reported (WARNING, with its address) by the link
         log.info("ADP KV connector (%s): %d group(s): %s", role.name, len(self.layouts),
                  "; ".join(f"g{g.group_id}={g.kind.value}/{g.block_size}/{g.page_bytes}B" for g in self.layouts))
 
@@ -246,6 +244,13 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         from .stats import ADPPromMetrics
 
         return ADPPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """No layerwise work inside CUDA graphs. vLLM asks this while it builds its config (GPU hosts with CUDA
+        graphs), before any engine process starts: a bad option fails there, before weights load."""
+        parse_config(extra_config)
+        return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
