@@ -131,6 +131,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker_side = WorkerSide(self.cfg, self.layouts, self.namer, self.link, self.counters,
                                       num_blocks=kv_cache_config.num_blocks, slab_bytes=_SLAB_BYTES, arena=arena,
                                       audit=self.audit, legacy=self._legacy)
+        self._reported_up: bool | None = None  # the link state last reported in the stats
         self.link.wait_startup()  # an unreachable target is reported (WARNING, with its address) by the link
         log.info("ADP KV connector (%s): %d group(s): %s", role.name, len(self.layouts),
                  "; ".join(f"g{g.group_id}={g.kind.value}/{g.block_size}/{g.page_bytes}B" for g in self.layouts))
@@ -219,7 +220,12 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
     # ------------------------------------------------------------------ stats, lifecycle
 
     def get_kv_connector_stats(self) -> Any:
-        """This interval's counters (``ADPConnectorStats``); None when nothing happened."""
+        """This interval's counters and samples (``ADPConnectorStats``); None when nothing happened. The store
+        link's state rides along when it changed and at every step while it is down (the "connected" gauge)."""
+        up = self.link.store is not None
+        if up != self._reported_up or not up:
+            self.counters.add(store_links=1, store_links_up=int(up))
+            self._reported_up = up
         if not self.counters.any():
             return None
         data = self.counters.drain()
