@@ -108,3 +108,21 @@ def test_bad_option_fails_the_constructor_with_one_line() -> None:
     with pytest.raises(ConfigError, match="did you mean 'verify'"):
         ADPConnector.requires_piecewise_for_cudagraph({"verfy": True})  # vLLM's config build (GPU hosts)
     assert ADPConnector.requires_piecewise_for_cudagraph({"verify": True}) is False  # control
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_engine_with_a_bad_option_fails_before_any_engine_process(tmp_path: Path) -> None:
+    """A real engine start (the short connector name, as `vllm serve` uses it): the typo fails while vLLM builds
+    its config, in the first process, printed once. Before the fix the same start failed in the worker after the
+    weights loaded (measured: 39 s, the message 4 times across worker, engine core and front)."""
+    pytest.importorskip("transformers", reason="random-weight models are generated with transformers")
+    from adp_testbed import models as vm
+
+    model = str(vm.ensure_model("dense"))
+    with pytest.raises(RuntimeError, match="engine run failed"):
+        vm.run_subprocess({"model": model, "prompts": vm.prompts(1, 64), "max_tokens": 2,
+                           "connector": vm.adp_connector(_closed_port(), tradr="10.0.0.1")}, tmp_path, timeout=300)
+    log = next(tmp_path.glob("engine-*.log")).read_text(errors="replace")
+    assert log.count("'tradr' (did you mean 'traddr'?)") == 1
+    assert "EngineCore" not in log and "Loading weights" not in log  # no engine process was started
