@@ -58,3 +58,22 @@ def test_cuda_gpu_presence_follows_the_driver_and_visible_devices(monkeypatch: p
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setattr(config.os, "listdir", lambda p: (_ for _ in ()).throw(FileNotFoundError(p)))
     assert not config.cuda_gpu_present()
+
+
+@pytest.mark.parametrize("key", ["connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_timeouts_are_refused(key: str, bad: float) -> None:
+    with pytest.raises(ConfigError, match=rf"{key}.*finite") as err:
+        parse_config({key: bad})
+    assert "\n" not in str(err.value)
+    assert getattr(parse_config({key: 2.5}), key) == 2.5  # control: a finite value passes
+
+
+def test_max_io_kib_below_the_lba_size_is_refused() -> None:
+    for bad in (1, 2, 3):
+        with pytest.raises(ConfigError, match=r"max_io_kib.*LBA") as err:
+            parse_config({"max_io_kib": bad})
+        assert "\n" not in str(err.value)
+    assert parse_config({"max_io_kib": 0}).max_io_kib == 0  # control: MDTS, and sizes of a whole LBA or more
+    assert parse_config({"max_io_kib": 4}).max_io_kib == 4
+    assert parse_config({"max_io_kib": 128}).max_io_kib == 128

@@ -184,7 +184,11 @@ class RestorePipeline:
                 self.counters.add(**{"load_fallbacks": 1, failure_counter(job.cause or Cause.IO_ERROR): 1})
             else:
                 self.counters.add(loads_ok=1)
-            self.counters.add(loads=1, load_s=time.monotonic() - job.t0)
+            took = time.monotonic() - job.t0
+            self.counters.add(loads=1, load_s=took)
+            if not job.failed:
+                self.counters.observe(restore_seconds=took,
+                                      restore_bytes=sum(self.page_bytes.get(gid, 0) for gid, _, _ in job.pages))
             done.append(job)
         self.jobs = keep
         return done

@@ -207,8 +207,10 @@ class SavePipeline:
         self.ledger.record([bytes(r.key) for r in ok], "committed")
         for r in bad:
             self.ledger.record([bytes(r.key)], f"failed ({r.status.value}{': ' + r.detail if r.detail else ''})")
-        self.counters.add(saves=1, pages_saved=len(ok), bytes_saved=sum(r.nbytes for r in ok),
-                          save_s=time.monotonic() - t0, save_errors=len(bad))
+        took, nbytes_ok = time.monotonic() - t0, sum(r.nbytes for r in ok)
+        self.counters.add(saves=1, pages_saved=len(ok), bytes_saved=nbytes_ok, save_s=took, save_errors=len(bad))
+        if ok:
+            self.counters.observe(save_seconds=took, save_bytes=nbytes_ok)
         with self._lock:
             # reported by the scheduler's (rank 0) key, which is what it schedules saves by
             self._failed_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in bad)

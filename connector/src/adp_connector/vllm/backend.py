@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -26,6 +27,8 @@ from ..store.process import SharedArena, StoreGroup, StoreProcess
 from .config import ADPConfig
 
 log = logging.getLogger("vllm.adp_kv.backend")
+
+STARTUP_PROBE_WAIT_S = 1.0  # engine start-up waits at most this long for a silent target to answer at all
 
 
 def slot_shortfall(slots_per_partition: int, data_lbas: int, lba_size: int, page_bytes: int) -> str | None:
@@ -64,6 +67,8 @@ class StoreLink:
         self._stop = threading.Event()
         self.last_error: str = ""
         self.process_restarts = 0
+        self._answered = threading.Event()  # the first attempt reached the target, or failed
+        self._first_done = threading.Event()  # the first attempt opened the store, or failed
         self._start_thread()
 
     def _start_thread(self, old: StoreGroup | None = None) -> None:
@@ -83,8 +88,35 @@ class StoreLink:
             time.sleep(0.02)
         return self._store
 
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.traddr}:{self.cfg.trsvcid}"
+
+    def wait_startup(self) -> Store | None:
+        """Engine start-up: wait for the store while the target is known to answer. Returns at once when the first
+        attempt failed (refused, no route), after :data:`STARTUP_PROBE_WAIT_S` when the target stays silent, else
+        when the store is open or ``connect_timeout_s`` has passed; the link keeps connecting in the background."""
+        deadline = time.monotonic() + max(self.cfg.connect_timeout_s, 0.1)
+        if not self._answered.wait(min(STARTUP_PROBE_WAIT_S, max(self.cfg.connect_timeout_s, 0.1))):
+            log.warning("ADP KV: target %s does not answer (%s); serving without the cache, connecting in the "
+                        "background", self.address, self._label)
+            return None
+        if not self._first_done.wait(max(deadline - time.monotonic(), 0.0)):
+            log.warning("ADP KV: page store on %s not open after %.1f s (%s); serving without the cache meanwhile",
+                        self.address, self.cfg.connect_timeout_s, self._label)
+        return self._store
+
+    def _probe(self) -> None:
+        """A TCP connection to the target and back (fast failure: the store open below may start a helper process
+        first)."""
+        try:
+            socket.create_connection((self.cfg.traddr, self.cfg.trsvcid), max(self.cfg.connect_timeout_s, 0.1)).close()
+        finally:
+            self._answered.set()
+
     def _open(self) -> None:
         c = self.cfg
+        self._probe()
         hc = HostConfig(traddr=c.traddr, trsvcid=c.trsvcid, subnqn=c.subnqn, io_queues=c.io_queues,
                         queue_depth=c.queue_depth, connect_timeout=max(c.connect_timeout_s, 0.1),
                         command_timeout=max(c.load_timeout_s, 1.0), reconnect_delay=max(c.retry_interval_s, 0.1))
@@ -152,15 +184,16 @@ class StoreLink:
         while not self._stop.is_set():
             try:
                 self._open()
-                log.info("ADP KV: page store open on %s:%s (%s)", self.cfg.traddr, self.cfg.trsvcid, self._label)
+                log.info("ADP KV: page store open on %s (%s)", self.address, self._label)
+                self._first_done.set()
                 return
             except Exception as exc:  # unreachable target, no namespace, bad format...
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 if not warned:
-                    log.warning("ADP KV: target %s:%s unreachable (%s); serving without the cache, retrying every "
-                                "%.1f s", self.cfg.traddr, self.cfg.trsvcid, self.last_error,
-                                self.cfg.retry_interval_s)
+                    log.warning("ADP KV: target %s unreachable (%s); serving without the cache, retrying every "
+                                "%.1f s (%s)", self.address, self.last_error, self.cfg.retry_interval_s, self._label)
                     warned = True
+                self._first_done.set()
             self._stop.wait(max(self.cfg.retry_interval_s, 0.05))
 
     def close(self) -> None:

@@ -7,6 +7,8 @@ turning the cache off.
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -90,6 +92,8 @@ _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "ref
                  "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens"}
 
 
+MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devices need no more)
+
 # Options whose default comes from the host (host_defaults) when kv_connector_extra_config leaves them out.
 HOST_DERIVED = {
     "load_processes": "host: min(4, cores // 4) with a CUDA GPU, else 1",
@@ -135,10 +139,14 @@ def host_defaults(cpu_count: int | None = None, gpu: bool | None = None,
 def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
     """Validate ``kv_connector_extra_config`` and return an :class:`ADPConfig` (raises :class:`ConfigError`)."""
     extra = dict(extra or {})
-    unknown = sorted(set(extra) - set(OPTIONS))
+    unknown = sorted(set(extra) - set(OPTIONS), key=str)
     if unknown:
-        raise ConfigError(f"ADPConnector: unknown kv_connector_extra_config key(s) {unknown}; "
-                          f"valid keys: {sorted(OPTIONS)}")
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(str(k), list(OPTIONS), n=1, cutoff=0.6)
+            hints.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+        raise ConfigError(f"ADPConnector: unknown kv_connector_extra_config key(s) {', '.join(hints)}; "
+                          f"valid keys: {', '.join(OPTIONS)}")
     values: dict[str, Any] = {}
     for f in fields(ADPConfig):
         if f.name not in extra:
@@ -151,6 +159,9 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
             names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be {names}, "
                               f"got {v!r} ({type(v).__name__})")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be a finite number of "
+                              f"seconds, got {v!r}")
         if f.name in _POSITIVE and v <= 0:
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be > 0, got {v!r}")
         if f.name in _NON_NEGATIVE and v < 0:
@@ -163,6 +174,9 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
         raise ConfigError("ADPConnector: io_queues must be <= 128 and queue_depth <= 1023")
     if cfg.trsvcid > 65535:
         raise ConfigError(f"ADPConnector: trsvcid must be a TCP port, got {cfg.trsvcid}")
+    if 0 < cfg.max_io_kib < MIN_IO_KIB:
+        raise ConfigError(f"ADPConnector: kv_connector_extra_config['max_io_kib'] must be 0 (the controller's MDTS) "
+                          f"or >= {MIN_IO_KIB} (a command moves whole 4 KiB LBAs), got {cfg.max_io_kib}")
     if not cfg.traddr:
         raise ConfigError("ADPConnector: traddr must not be empty")
     return cfg

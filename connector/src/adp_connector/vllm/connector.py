@@ -68,6 +68,24 @@ _LoadChunk, _LoadJob = LoadChunk, LoadJob
 __all__ = ["_HAS_FAILED_RECVING", "ADPConnector", "ADPMetadata", "ADPWorkerMetadata", "PageRef"]
 
 
+def make_recompute_effective(ktc: Any) -> None:
+    """Make a failed restore recompute, whatever ``kv_load_failure_policy`` says (vLLM's default is "fail": the
+    request would end with an empty output). Called by the scheduler-role connector: vLLM 0.26 and 0.32 create it
+    (``v1/core/sched/scheduler.py``, ``KVConnectorFactory.create_connector``) before the scheduler reads the policy
+    from the same ``kv_transfer_config``, so setting it here is what the scheduler then applies."""
+    policy = getattr(ktc, "kv_load_failure_policy", "recompute")
+    if policy == "recompute":
+        return
+    try:
+        ktc.kv_load_failure_policy = "recompute"
+    except Exception as exc:  # a frozen config: the override cannot take effect
+        raise RuntimeError(f"ADPConnector: kv_load_failure_policy={policy!r} would fail requests whose restore "
+                           f"fails and cannot be overridden ({exc}); set \"kv_load_failure_policy\": \"recompute\" "
+                           "in --kv-transfer-config") from None
+    log.warning("ADP KV: kv_load_failure_policy=%r overridden to \"recompute\": a restore that fails (bad card, "
+                "checksum mismatch, timeout) recomputes the prefix instead of failing the request", policy)
+
+
 class ADPConnector(KVConnectorBase_V1, SupportsHMA):
     """KV connector persisting prefix-cache pages on an ADP card (or the emulator) over NVMe/TCP."""
 
@@ -79,10 +97,9 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self.cfg: ADPConfig = parse_config(ktc.kv_connector_extra_config)
-        if getattr(ktc, "kv_load_failure_policy", "recompute") != "recompute":
-            log.warning("ADP KV: kv_load_failure_policy=%r turns a bad restore into a failed request; "
-                        "use \"recompute\"", ktc.kv_load_failure_policy)
         self._is_worker = role == KVConnectorRole.WORKER
+        if not self._is_worker:
+            make_recompute_effective(ktc)
         pc = vllm_config.parallel_config
         self.tp_rank = _tp_rank() if self._is_worker else 0
         self.tp_size = pc.tensor_parallel_size
@@ -122,9 +139,8 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker_side = WorkerSide(self.cfg, self.layouts, self.namer, self.link, self.counters,
                                       num_blocks=kv_cache_config.num_blocks, slab_bytes=_SLAB_BYTES, arena=arena,
                                       audit=self.audit, legacy=self._legacy)
-        if self.link.wait_ready(self.cfg.connect_timeout_s) is None:
-            log.warning("ADP KV: no page store yet (%s); serving without the cache until it comes up",
-                        self.link.last_error or "connecting")
+        self._reported_up: bool | None = None  # the link state last reported in the stats
+        self.link.wait_startup()  # an unreachable target is reported (WARNING, with its address) by the link
         log.info("ADP KV connector (%s): %d group(s): %s", role.name, len(self.layouts),
                  "; ".join(f"g{g.group_id}={g.kind.value}/{g.block_size}/{g.page_bytes}B" for g in self.layouts))
 
@@ -212,7 +228,12 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
     # ------------------------------------------------------------------ stats, lifecycle
 
     def get_kv_connector_stats(self) -> Any:
-        """This interval's counters (``ADPConnectorStats``); None when nothing happened."""
+        """This interval's counters and samples (``ADPConnectorStats``); None when nothing happened. The store
+        link's state rides along when it changed and at every step while it is down (the "connected" gauge)."""
+        up = self.link.store is not None
+        if up != self._reported_up or not up:
+            self.counters.add(store_links=1, store_links_up=int(up))
+            self._reported_up = up
         if not self.counters.any():
             return None
         data = self.counters.drain()
@@ -237,6 +258,13 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         from .stats import ADPPromMetrics
 
         return ADPPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """No layerwise work inside CUDA graphs. vLLM asks this while it builds its config (GPU hosts with CUDA
+        graphs), before any engine process starts: a bad option fails there, before weights load."""
+        parse_config(extra_config)
+        return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:

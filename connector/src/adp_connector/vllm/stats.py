@@ -10,6 +10,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
+from ..pipeline.counters import SAMPLE_PREFIX
 from ..pipeline.restore import FAILURE_COUNTER_PREFIX, Cause
 from ..pipeline.save import DROP_CAUSES, DROP_COUNTER_PREFIX
 
@@ -31,6 +32,28 @@ COUNTERS = (
 )
 
 
+# Histograms (in the style of vLLM's NIXL connector metrics): sample name (pipeline.counters.observe) ->
+# (metric name, help, buckets). Latency and size of every successful restore (all its pages) and save batch.
+_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))  # 2 KiB .. 8 GiB, x4 steps
+HISTOGRAMS = {
+    "restore_seconds": ("vllm:adp_kv_restore_time_seconds",
+                        "time from a restore's submission to its pages landing in the KV cache (successful restores)",
+                        _SECONDS_BUCKETS),
+    "restore_bytes": ("vllm:adp_kv_restore_bytes", "bytes of one successful restore (all its pages)", _BYTES_BUCKETS),
+    "save_seconds": ("vllm:adp_kv_save_time_seconds", "time of one save batch on the card (batches with a written "
+                     "page)", _SECONDS_BUCKETS),
+    "save_bytes": ("vllm:adp_kv_save_bytes", "bytes written by one save batch", _BYTES_BUCKETS),
+}
+# Link state reported by each connector role (scheduler, every worker) when it changes and while it is down.
+LINK_KEYS = ("store_links", "store_links_up")
+
+
+def _samples(data: dict[str, Any], name: str) -> list[float]:
+    v = data.get(SAMPLE_PREFIX + name)
+    return v if isinstance(v, list) else []
+
+
 @dataclass
 class ADPConnectorStats(KVConnectorStats):
     """Counters of one interval; ``reduce`` adds GB/s and mean load latency."""
@@ -44,27 +67,35 @@ class ADPConnectorStats(KVConnectorStats):
 
     def aggregate(self, other: KVConnectorStats) -> ADPConnectorStats:
         for k, v in (other.data or {}).items():
-            self.data[k] = self.data.get(k, 0) + v
+            if isinstance(v, list):  # histogram samples
+                self.data[k] = [*self.data.get(k, []), *v]
+            else:
+                self.data[k] = self.data.get(k, 0) + v
         return self
 
     def reduce(self) -> dict[str, int | float]:
         d = self.data
         out: dict[str, int | float] = {k: d.get(k, 0) for k in COUNTERS}
         out.update({k: v for k, v in d.items() if k.startswith(tuple(LABELLED)) and v})
+        if d.get("store_links"):
+            out["store_connected"] = int(d.get("store_links_up", 0) >= d["store_links"])
         out["load_gbps"] = round(d["bytes_loaded"] / d["load_s"] / 1e9, 3) if d.get("load_s") else 0.0
         out["save_gbps"] = round(d["bytes_saved"] / d["save_s"] / 1e9, 3) if d.get("save_s") else 0.0
         out["mean_load_ms"] = round(1e3 * d["load_s"] / d["loads"], 2) if d.get("loads") else 0.0
         return out
 
     def is_empty(self) -> bool:
-        return not any(v for k, v in self.data.items() if k in COUNTERS or k.startswith(tuple(LABELLED)))
+        return not any(v for k, v in self.data.items()
+                       if k in COUNTERS or k in LINK_KEYS or k.startswith((*LABELLED, SAMPLE_PREFIX)))
 
 
 class ADPPromMetrics(KVConnectorPromMetrics):
-    """``vllm:adp_kv_*`` counters, one series per engine."""
+    """``vllm:adp_kv_*`` counters (exposed with ``_total``), histograms and the ``store_connected`` gauge, one series
+    per engine (docs/connector.md, "Metrics")."""
 
     _EXPORTED = ("loads_ok", "load_fallbacks", "verify_failures", "pages_loaded", "bytes_loaded", "load_s",
-                 "pages_saved", "bytes_saved", "save_s", "saves_dropped", "save_errors", "lookup_hit_tokens")
+                 "pages_saved", "bytes_saved", "save_s", "saves_dropped", "save_errors", "lookup_hit_tokens",
+                 "store_unavailable")
 
     def __init__(self, vllm_config: Any, metric_types: dict, labelnames: list[str],
                  per_engine_labelvalues: dict[int, list[object]]) -> None:
@@ -84,8 +115,27 @@ class ADPPromMetrics(KVConnectorPromMetrics):
                                        labelnames=[*labelnames, "cause"])
             self._by_cause[prefix] = {idx: {c: metric.labels(*vals, c) for c in causes}
                                       for idx, vals in per_engine_labelvalues.items()}
+        self._histograms: dict[str, dict[int, Any]] = {}
+        for sample, (metric_name, doc, buckets) in HISTOGRAMS.items():
+            metric = self._histogram_cls(name=metric_name, documentation=f"ADP KV connector: {doc}",
+                                         buckets=list(buckets), labelnames=labelnames)
+            self._histograms[sample] = {idx: metric.labels(*vals) for idx, vals in per_engine_labelvalues.items()}
+        gauge = self._gauge_cls(name="vllm:adp_kv_store_connected",
+                                documentation="ADP KV connector: 1 when every connector role (scheduler, workers) has "
+                                "its page store open, 0 while one serves without it; NaN until the first engine step",
+                                labelnames=labelnames, multiprocess_mode="mostrecent")
+        self._connected = {idx: gauge.labels(*vals) for idx, vals in per_engine_labelvalues.items()}
+        for g in self._connected.values():
+            g.set(float("nan"))
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for sample, per_engine in self._histograms.items():
+            if engine_idx in per_engine:
+                for v in _samples(transfer_stats_data, sample):
+                    per_engine[engine_idx].observe(v)
+        links = transfer_stats_data.get("store_links", 0)
+        if links and engine_idx in self._connected:
+            self._connected[engine_idx].set(1.0 if transfer_stats_data.get("store_links_up", 0) >= links else 0.0)
         for name, per_engine in self._series.items():
             v = transfer_stats_data.get(name, 0)
             if v and engine_idx in per_engine:
