@@ -42,7 +42,7 @@ class StoreConfig:
     io_threads: int = 2                    # concurrent batches
     io_timeout_s: float = 60.0
     create: bool = True                    # format the device when it holds no store
-    reformat: bool = False                 # format over a store of another format version (destroys its pages)
+    reformat: bool = False                 # format over foreign data or a store of another format version
     claim_segments: int = 0                # segments claimed at a time (0: S/16, at least 2, at most S/writers)
     partitions: int = 16                   # format: writer slots (leases), the most concurrent writers
     slots_per_partition: int | None = None  # format: slots per segment; default segment bytes / (avg_page + lba)

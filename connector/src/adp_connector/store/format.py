@@ -8,6 +8,7 @@ entries left over from an earlier format of the same namespace never validate.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import crc32c
@@ -203,7 +204,24 @@ def pack_superblock(g: Geometry) -> bytes:
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
-REFORMAT_HINT = "reopen with StoreConfig(reformat=True) to erase it and format version 2"
+REFORMAT_HINT = ("reopen with StoreConfig(reformat=True) (the connector's option format_card: true) to erase it and "
+                 "format version 2")
+PROBE_HEAD_BYTES = 1 << 20  # holds_data: the namespace's first MiB is read whole ...
+PROBE_SAMPLES = 16  # ... and this many 4 KiB samples spread over the rest
+
+
+class ForeignDataError(FormatError):
+    """The device holds data but no page store (never formatted over without ``reformat``)."""
+
+
+def holds_data(read: Callable[[int, int], bytes], capacity: int) -> bool:
+    """Whether a namespace without a superblock holds data, as far as a quick look tells: a non-zero byte in its
+    first MiB or in :data:`PROBE_SAMPLES` spread 4 KiB samples (``read(offset, length)`` reads the device)."""
+    head = min(PROBE_HEAD_BYTES, capacity)
+    if any(read(0, head)):
+        return True
+    step = max(capacity // PROBE_SAMPLES, 4096) // 4096 * 4096
+    return any(any(read(off, 4096)) for off in range(head // 4096 * 4096, capacity - 4096 + 1, step))
 
 
 def unpack_superblock(raw: bytes | memoryview) -> Geometry:

@@ -21,13 +21,16 @@ from .flush import FlushGroup
 from .format import (
     LEASE_FREE,
     META_ALIGN,
+    REFORMAT_HINT,
     SEGMENT_OWNED,
+    ForeignDataError,
     FormatError,
     FormatVersionError,
     Geometry,
     LeaseRecord,
     align_up,
     compute_geometry,
+    holds_data,
     pack_superblock,
     unpack_superblock,
 )
@@ -41,6 +44,12 @@ from .space import SpaceMixin
 log = logging.getLogger(__name__)
 _REFRESH_DUTY = 0.02  # background index refreshes take at most this share of the time (see _background)
 
+
+
+def _read(device: BlockDevice, offset: int, length: int, timeout: float) -> bytes:
+    buf = bytearray(length)
+    device.read_into(offset, memoryview(buf), timeout)
+    return bytes(buf)
 
 
 class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin, StoreCore):
@@ -68,6 +77,11 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         except FormatError:
             if not cfg.create:
                 raise
+            if not cfg.reformat and holds_data(lambda off, n: _read(device, off, n, cfg.io_timeout_s),
+                                               device.capacity_bytes):
+                raise ForeignDataError("the namespace holds data but no page store; refusing to format it: "
+                                       + REFORMAT_HINT.replace("to erase it and format version 2",
+                                                               "to erase it and format a page store")) from None
             geo = self._format_for(device, cfg)
         if geo.lba_size != lba or geo.capacity_bytes > device.capacity_bytes:
             raise FormatError("store geometry does not match the device (LBA size or capacity)")

@@ -121,7 +121,7 @@ class StoreLink:
                         queue_depth=c.queue_depth, connect_timeout=max(c.connect_timeout_s, 0.1),
                         command_timeout=max(c.load_timeout_s, 1.0), reconnect_delay=max(c.retry_interval_s, 0.1))
         sc = StoreConfig(writer=self._writer, writer_id=self._writer_id, writer_label=self._label,
-                         preferred_partition=self._partition, verify=c.verify,
+                         preferred_partition=self._partition, verify=c.verify, reformat=c.format_card,
                          refresh_interval_s=c.refresh_interval_s, io_threads=c.io_threads,
                          max_io_bytes=c.max_io_kib << 10, io_timeout_s=max(c.load_timeout_s, 1.0))
         if self.page_bytes:

@@ -29,6 +29,7 @@ class ADPConfig:
     io_queues: int = 4
     queue_depth: int = 64
     verify: bool = True
+    format_card: bool = False
     load: bool = True
     save: bool = True
     model_id: str | None = None
@@ -57,6 +58,8 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "io_queues": ((int,), "NVMe I/O queues per connection (1..128)"),
     "queue_depth": ((int,), "commands per I/O queue (1..1023)"),
     "verify": ((bool,), "verify the payload checksum of every restored page (a mismatch -> recompute)"),
+    "format_card": ((bool,), "format a namespace that holds data but no page store, or a page store of another "
+                             "format version (its content is lost); without it such a card is refused"),
     "load": ((bool,), "restore pages (false: write-only cache)"),
     "save": ((bool,), "write pages (false: read-only cache, e.g. a consumer of a shared card)"),
     "model_id": ((str, type(None)), "model identity in the page namespace; null: the model path/name. Set it when "

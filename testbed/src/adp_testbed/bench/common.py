@@ -154,6 +154,8 @@ class Run:
         if self.args.target:
             host, _, port = self.args.target.rpartition(":")
             self._check_card(host, int(port))
+            if getattr(self.args, "yes_destroy", False):  # the connector refuses foreign data without it
+                opts.setdefault("format_card", True)
             yield SV.connector_config(host, int(port), self.args.nqn, namespace_extra=self.run_id, **opts), \
                 f"external {self.args.target} {self.args.nqn or '(discovery)'}"
             return
@@ -171,7 +173,8 @@ class Run:
                 self.card = None
 
     def _check_card(self, host: str, port: int) -> None:
-        """The connector formats a namespace without a page store: refuse one that holds other data."""
+        """Refuse, before any arm runs, a namespace that holds other data (the connector formats one only with
+        format_card, which --yes-destroy gives it)."""
         from ..targets import TargetError
 
         with connect_existing(host, port, self.args.nqn, io_queues=1) as ctrl:  # type: ignore[attr-defined]
