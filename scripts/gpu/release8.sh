@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The ADP release's 8-GPU runs (issue #8), on one 8-GPU host after the vLLM wheels are installed
-# (../shared/gpu/README.md):   bash scripts/gpu/release8.sh OUTDIR
+# The ADP release's 8-GPU runs (issue #8), on one 8-GPU host after the vLLM wheels are installed (the GPU
+# machines have no network: the pinned wheels are carried in and installed with pip --no-index; that recipe is
+# not part of this repository):   bash scripts/gpu/release8.sh OUTDIR
 # 1. restart: one 200k-token prompt, Llama-3.1-70B shape, TP=8: baseline / cold / warm after an engine restart
 # 2. agents: 1, 4, 8, 16 agents with 40-50k-token histories (the gpu preset), TP=8; baseline, cpu-offload, adp
 # 3. sweep: 1..300 concurrent users (the gpu preset), TP=8; baseline and adp

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU validation (issue #7) on the lent H200, after the vLLM 0.26 wheels are installed (../shared/gpu/README.md):
+# GPU validation (issue #7) on the lent H200, after the vLLM 0.26 wheels are installed (the machine has no network:
+# the pinned wheels are carried in as chunks and installed with pip --no-index into /tmp/site; that recipe is not
+# part of this repository; device-install.sh exports PYTHONPATH/PATH and VLLM_USE_FLASHINFER_SAMPLER=0):
 #   source .vllm-gpu/bin/device-install.sh && bash scripts/gpu/validate.sh correctness|restart OUTDIR
 # gpu-unit:    the connector's GPU data-path unit tests (side-stream copies, pinned shared staging).
 # correctness: gpu-unit, connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,

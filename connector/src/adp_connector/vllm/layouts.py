@@ -5,7 +5,9 @@ not new connector code. Pure Python: specs are classified by class name (no vLLM
 process and the unit tests can feed it real vLLM specs or stand-ins.
 
 A *page* is the bytes of one cache block of one group: the persisted layers' block slices, back to back, in the
-group's layer order. Families (facts from vLLM 0.32 ``v1/kv_cache_interface.py`` and the CPU matrix note §4):
+group's layer order. Families (facts from vLLM 0.32 ``v1/kv_cache_interface.py`` and the tensors it hands to
+``register_kv_caches``: one ``[num_blocks, H, N, C]`` view per layer, C = K and V concatenated (MLA: H = 1, C =
+latent + rope); under HMA the groups alias one pool; Mamba/GDN state as a raw int8 page view ``[B, 1, 1, bytes]``):
 
 * full attention (``FullAttentionSpec``): every block of the prefix; a hit needs all of them.
 * sliding window (``SlidingWindowSpec``) / chunked local: every block is saved (a later, longer hit needs the window

@@ -65,7 +65,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 # DeepSeek-V3.2 (DSA): the MLA model plus a lightning indexer per layer. GPU-only (vLLM: "Sparse Attention is not
 # supported on CPU"); its dims are the GPU MLA ones (MLA_GPU) and index_n_heads 64 (the DeepGEMM indexer vLLM 0.26
-# bundles asserts 16/32/64 heads: /work/shared/gpu/README.md). index_topk stays below the verify prompts (1200
+# bundles asserts 16/32/64 heads, seen on the H200 on 2026-11-29). index_topk stays below the verify prompts (1200
 # tokens) so each query attends to the indexer's top-k selection, not to every token: outputs depend on the
 # indexer's cache.
 DSA = {"index_n_heads": 64, "index_head_dim": 128, "index_topk": 256}
