@@ -1,6 +1,6 @@
 """The three distributions work from a NON-editable install, without the source tree or its tests.
 
-Builds wheels of connector, emulator and testbed (``pip wheel --no-deps --no-build-isolation --no-index``, from a copy
+Builds wheels of wire, connector, emulator and testbed (``pip wheel --no-deps --no-build-isolation --no-index``, from a copy
 of their sources WITHOUT their tests/ folders), installs them with ``pip install --no-deps --target`` into a temporary
 folder and runs, in fresh interpreters started with ``-S`` (no site-packages processing, so no editable-install
 finder of the checkout) and only that folder plus this interpreter's third-party site-packages on the path, the entry
@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DISTRIBUTIONS = ("connector", "emulator", "testbed")
+DISTRIBUTIONS = ("wire", "connector", "emulator", "testbed")
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder the three wheels were installed into."""
+    """The folder the wheels of every distribution were installed into."""
     tmp = tmp_path_factory.mktemp("installed")
     sources = []
     for dist in DISTRIBUTIONS:  # a copy: a build writes build/ and *.egg-info beside the sources
@@ -46,7 +46,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     "package (pip install -r requirements-dev.txt)")
     assert built.returncode == 0, built.stderr[-2000:]
     wheels = sorted(str(p) for p in (tmp / "wheels").glob("*.whl"))
-    assert len(wheels) == 3, wheels
+    assert len(wheels) == len(DISTRIBUTIONS), wheels
     site = tmp / "site"
     inst = subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), *wheels],
                           capture_output=True, text=True, timeout=300)

@@ -147,7 +147,10 @@ def check_dsa_checkpoint(path: Path, prompt_len: int | None = None) -> list[str]
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("ADP_KV_CACHE", str(Path.home() / ".cache" / "adp-kv"))) / "models"
+    """Where generated models live: ``models/`` under the repository's one cache directory (adp_emulator.paths)."""
+    from adp_emulator.paths import cache_dir as cache_root
+
+    return cache_root() / "models"
 
 
 def _add_mtp_head(out: Path, hidden: int) -> None:
