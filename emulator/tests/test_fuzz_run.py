@@ -1,7 +1,7 @@
 """``scripts/fuzz-target``: the exit status tells the truth and the summary is always written, in both engines.
 
-Each test runs the real script against a real target. The failing runs use ``--deadline 0.001``: no target answers
-and closes a connection within a millisecond, so inputs hang (the failure the atheris engine used to report as
+Each test runs the real script against a real target. The failing runs use ``--deadline 0.000001``: no connection
+is even set up and closed within a microsecond, so every input hangs (the failure the atheris engine used to report as
 success). atheris runs need the package (requirements-dev.txt installs it on Linux x86_64); without it they skip,
 except under CI=true where they fail.
 """
@@ -47,7 +47,7 @@ def _summary(text: str) -> str:
 def test_hangs_fail_the_run(engine: str, tmp_path: Path) -> None:
     if engine == "atheris":
         _atheris()
-    rc, text, st = fuzz(tmp_path, "--engine", engine, "--inputs", "30", "--check-every", "15", "--deadline", "0.001")
+    rc, text, st = fuzz(tmp_path, "--engine", engine, "--inputs", "30", "--check-every", "15", "--deadline", "0.000001")
     assert st is not None and st["final"], text[-3000:]
     assert st["hangs"] > 0 and st["inputs"] == 30 and st["ok"] is False
     assert rc == 1, text[-3000:]
