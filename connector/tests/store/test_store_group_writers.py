@@ -165,6 +165,13 @@ def test_one_writer_group_is_todays_group(target, arena) -> None:
     view.release()
 
 
+def test_several_writers_need_a_writer_config(arena) -> None:
+    with pytest.raises(ValueError, match="writer config"):
+        StoreGroup.start(Controller.connect, (None,), replace(_cfg(), writer=False), arena, readers=0, writers=2)
+    with pytest.raises(ValueError, match="at least one writer"):
+        StoreGroup.start(Controller.connect, (None,), _cfg(), arena, readers=0, writers=0)
+
+
 def test_an_extra_writer_without_a_free_slot_stops_the_start(target, arena) -> None:
     cfg = replace(_cfg(), partitions=2)
     with pytest.raises(Exception, match="no free writer slot"):

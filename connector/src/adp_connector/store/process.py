@@ -362,6 +362,8 @@ class StoreGroup:
         writer slot on the card (it would silently save nothing)."""
         if writers < 1 or readers < 0:
             raise ValueError("a store group needs at least one writer and no negative reader count")
+        if writers > 1 and not config.writer:
+            raise ValueError("several writer helpers need a writer config (config.writer is False)")
         fired = threading.Event()
 
         def exited(reason: str) -> None:

@@ -130,10 +130,11 @@ class StoreLink:
         ctrl: Controller | None = None
         if self.arena is not None:
             wait = 2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10
-            if c.load_processes > 1 or c.save_processes > 1:
+            savers = c.save_processes if self._writer else 1  # a read-only link claims no writer slots
+            if c.load_processes > 1 or savers > 1:
                 store = StoreGroup.start(Controller.connect, (hc,), sc, self.arena,
-                                         readers=max(0, c.load_processes - c.save_processes),
-                                         writers=c.save_processes, on_exit=self._process_exited, timeout=wait)
+                                         readers=max(0, c.load_processes - savers),
+                                         writers=savers, on_exit=self._process_exited, timeout=wait)
             else:
                 store = StoreProcess.start(Controller.connect, (hc,), sc, self.arena, on_exit=self._process_exited,
                                            timeout=wait)
