@@ -147,6 +147,25 @@ def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "restore" in capsys.readouterr().out
 
 
+def test_bench_restore_path_compares_save_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The save phase runs once per writer count: every page written at every point, spread over every writer
+    (W=2: both hold pages; the W=1 control: one), reported with GB/s and CPU; a bad count is refused."""
+    pytest.importorskip("torch", reason="the restore pipeline stages through torch tensors (run with .venv-vllm)")
+    out = tmp_path / "rp.json"
+    assert main(["bench", "restore-path", "--gb", "0.04", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4",
+                 "--helpers", "1", "--save-processes", "1,2", "--queues", "2", "--mdts", "128K",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    saves = rows[0]["saves"]
+    n = rows[0]["bytes"] // (256 << 10)
+    assert [s["save_processes"] for s in saves] == [1, 2] and saves[0]["vs_first"] == 1.0
+    assert [len(s["pages_per_writer"]) for s in saves] == [1, 2]
+    assert all(sum(s["pages_per_writer"]) == n and min(s["pages_per_writer"]) > 0 for s in saves)
+    assert all(s["gbps"] > 0 and s["writers_cpu_s"] > 0 for s in saves)
+    assert "save processes 2" in capsys.readouterr().out
+    assert main(["bench", "restore-path", "--gb", "0.01", "--save-processes", "0"]) == 2
+
+
 def test_state_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADP_KV_STATE_DIR", str(tmp_path / "env-state"))
     assert S.state_dir() == tmp_path / "env-state" and os.path.isdir(tmp_path / "env-state")

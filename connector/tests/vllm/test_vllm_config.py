@@ -77,3 +77,13 @@ def test_max_io_kib_below_the_lba_size_is_refused() -> None:
     assert parse_config({"max_io_kib": 0}).max_io_kib == 0  # control: MDTS, and sizes of a whole LBA or more
     assert parse_config({"max_io_kib": 4}).max_io_kib == 4
     assert parse_config({"max_io_kib": 128}).max_io_kib == 128
+
+
+def test_save_processes_is_validated() -> None:
+    assert parse_config({}).save_processes == 1  # one writer helper unless asked
+    assert parse_config({"save_processes": 4}).save_processes == 4  # control: a valid count is kept
+    for bad in (0, -1, 17):
+        with pytest.raises(ConfigError, match="save_processes"):
+            parse_config({"save_processes": bad})
+    with pytest.raises(ConfigError, match="save_processes"):
+        parse_config({"save_processes": True})

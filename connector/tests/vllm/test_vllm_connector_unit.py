@@ -448,6 +448,38 @@ def test_a_dead_store_process_fails_its_restore_and_is_replaced(load_processes: 
         tgt.stop()
 
 
+@native_contract
+def test_saves_spread_over_writer_helpers_and_restore_byte_for_byte() -> None:
+    """``save_processes: 2``: the worker's helpers are a group of two writers, each on its own writer slot; the
+    cold request's pages are all saved (split by key between them), the scheduler offers all of them (its index
+    refresh reads every slot), and the restore lands byte for byte. Control: one writer holds every page."""
+    from adp_connector.store.process import StoreGroup
+
+    for writers in (2, 1):
+        tgt, sched, worker = _target_and_halves(io_process=True, save_processes=writers, load_processes=1)
+        try:
+            kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+            worker.register_kv_caches(kv)
+            store = worker.link.store
+            hashes = _cold_save(sched, worker)
+            if writers == 1:
+                assert not isinstance(store, StoreGroup) and store.stats()["pages_saved"] == 3
+            else:
+                assert isinstance(store, StoreGroup) and len(store.writers) == 2 and not store.readers
+                slots = {w.info["partition"] for w in store.writers}
+                assert None not in slots and len(slots) == 2
+                saved = [int(w.stats()["pages_saved"]) for w in store.writers]
+                assert sum(saved) == 3
+            _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
+            assert not _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r2").failed_recving
+            for n in LAYERS:
+                assert torch.equal(kv[n][5:8], kv[n][1:4])
+        finally:
+            worker.shutdown()
+            sched.shutdown()
+            tgt.stop()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs in scripts/gpu/validate.sh)")
 @pytest.mark.parametrize("io_process", [True, False], ids=["io-process", "in-process"])
 def test_gpu_pages_cross_on_side_streams(io_process: bool) -> None:

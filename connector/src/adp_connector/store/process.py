@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import logging
 import mmap
 import os
@@ -314,29 +315,55 @@ class StoreProcess:
         self._proc.kill()
 
 
-class StoreGroup:
-    """One writer helper plus reader helpers, used like one :class:`StoreProcess`.
+def save_owner(key: bytes, writers: int) -> int:
+    """The index of the writer helper that saves (and discards) ``key`` among ``writers``: a stable function of the
+    key's first byte, so one key always goes to one writer (its dedupe stays exact) and keys spread evenly (they are
+    hashes)."""
+    return key[0] % writers if writers > 1 and key else 0
 
-    A single helper is one interpreter: on the H200 it moved ~5-6 GB/s of restores (socket receive, checksums)
-    while the target could serve more. Here saves, discards and lookups go to the writer (the partition owner);
-    load batches go to the helpers in turn, each with its own NVMe/TCP controller. A reader indexes other
-    writers' pages through its refreshes, so pages the writer saved since a reader's last refresh may come back
-    MISSING there: those are loaded again through the writer before the batch completes.
+
+def member_writer_id(base: bytes, index: int) -> bytes:
+    """Writer id of a group's writer ``index``: writer 0 keeps ``base`` (one writer behaves as without a group),
+    the others derive theirs from it, so a restarted engine with the same base gets every writer's pages back."""
+    if index == 0:
+        return base
+    return hashlib.blake2b(base + index.to_bytes(4, "little"), digest_size=16, person=b"adpkv-writer").digest()
+
+
+class StoreGroup:
+    """Writer helpers plus reader helpers, used like one :class:`StoreProcess`.
+
+    A single helper is one interpreter: on the H200 it moved ~5-6 GB/s of restores (socket receive, checksums) and
+    about 1 GB/s of saves while the target could take more. Store format v2 lets several writers share one card
+    (each claims its own segments), so a group may have ``W`` writers: a save batch is split by
+    :func:`save_owner` (one key always goes to the same writer), as are discards and lookups; each writer has its
+    own stable writer id (:func:`member_writer_id`). Load batches go to every helper in turn, each with its own
+    NVMe/TCP controller. A helper indexes other writers' pages through its refreshes, so pages saved since its last
+    refresh may come back MISSING there: those are loaded again through the key's writer before the batch completes.
     """
 
-    def __init__(self, writer: StoreProcess, readers: list[StoreProcess]) -> None:
+    def __init__(self, writer: StoreProcess, readers: list[StoreProcess],
+                 writers: list[StoreProcess] | None = None) -> None:
         self.writer = writer
+        self.writers = [writer, *(writers or [])]
         self.readers = readers
-        self._members = [writer, *readers]
+        self._members = [*self.writers, *readers]
         self._turn = 0
         self._lock = threading.Lock()
         self.info = writer.info
 
     @classmethod
     def start(cls, open_device: Callable[..., Any], device_args: tuple, config: StoreConfig, arena: SharedArena, *,
-              readers: int, timeout: float = 30.0, on_exit: Callable[[str], None] | None = None) -> StoreGroup:
-        """Start the writer with ``config`` and ``readers`` read-only helpers; ``on_exit`` runs once, when the
-        first of them exits (the owner then replaces the whole group)."""
+              readers: int, writers: int = 1, timeout: float = 30.0,
+              on_exit: Callable[[str], None] | None = None) -> StoreGroup:
+        """Start ``writers`` writer helpers (the first with ``config``, the others with writer ids derived from its
+        ``writer_id``) and ``readers`` read-only helpers; ``on_exit`` runs once, when the first of them exits (the
+        owner then replaces the whole group). Raises :class:`StoreProcessError` when an extra writer finds no free
+        writer slot on the card (it would silently save nothing)."""
+        if writers < 1 or readers < 0:
+            raise ValueError("a store group needs at least one writer and no negative reader count")
+        if writers > 1 and not config.writer:
+            raise ValueError("several writer helpers need a writer config (config.writer is False)")
         fired = threading.Event()
 
         def exited(reason: str) -> None:
@@ -345,10 +372,19 @@ class StoreGroup:
                 if on_exit is not None:
                     on_exit(reason)
 
+        base = bytes(config.writer_id) if config.writer_id is not None else os.urandom(16)
         started: list[StoreProcess] = []
         try:
             started.append(StoreProcess.start(open_device, device_args, config, arena, timeout=timeout,
                                               on_exit=exited))
+            for i in range(1, writers):
+                wc = dataclasses.replace(config, writer=True, writer_id=member_writer_id(base, i),
+                                         writer_label=f"{config.writer_label} writer {i}", preferred_partition=None)
+                sp = StoreProcess.start(open_device, device_args, wc, arena, timeout=timeout, on_exit=exited)
+                started.append(sp)
+                if sp.info.get("partition") is None:
+                    raise StoreProcessError(f"store writer {i + 1} of {writers} found no free writer slot on the "
+                                            f"card (lower save_processes, or format the card with more slots)")
             rc = dataclasses.replace(config, writer=False, writer_label=f"{config.writer_label} reader")
             for _ in range(readers):
                 started.append(StoreProcess.start(open_device, device_args, rc, arena, timeout=timeout,
@@ -358,68 +394,132 @@ class StoreGroup:
             for sp in started:
                 sp.close()
             raise
-        return cls(started[0], started[1:])
+        return cls(started[0], started[writers:], started[1:writers])
 
     @property
     def pid(self) -> int:
         return self.writer.pid
 
     @property
+    def pids(self) -> list[int]:
+        """Every helper's pid, writers first."""
+        return [m.pid for m in self._members]
+
+    @property
     def alive(self) -> bool:
         return all(m.alive for m in self._members)
 
+    def owner(self, key: bytes) -> StoreProcess:
+        """The writer helper that saves ``key``."""
+        return self.writers[save_owner(key, len(self.writers))]
+
+    def _split(self, keys: Sequence[bytes]) -> dict[int, list[int]]:
+        """Request positions per owning writer index."""
+        parts: dict[int, list[int]] = {}
+        n = len(self.writers)
+        for i, k in enumerate(keys):
+            parts.setdefault(save_owner(bytes(k), n), []).append(i)
+        return parts
+
     def save_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
-        return self.writer.save_batch(keys, buffers)
+        if len(self.writers) == 1:
+            return self.writer.save_batch(keys, buffers)
+        if len(keys) != len(buffers):
+            raise ValueError("keys and buffers differ in length")
+        parts = self._split(keys)
+        if len(parts) <= 1:
+            return self.writers[next(iter(parts), 0)].save_batch(keys, buffers)
+        out = BatchHandle("save", len(keys))
+        res: list[PageResult | None] = [None] * len(keys)
+        left = [len(parts)]
+        lock = threading.Lock()
+
+        def landed(pos: list[int], h: BatchHandle) -> None:
+            sub = h.wait(0)
+            with lock:
+                for i, r in zip(pos, sub, strict=True):
+                    res[i] = r
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                out._set(list(res))  # type: ignore[arg-type]
+
+        for w, pos in parts.items():
+            h = self.writers[w].save_batch([keys[i] for i in pos], [buffers[i] for i in pos])
+            h.add_done_callback(lambda hh, pos=pos: landed(pos, hh))
+        return out
 
     def load_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
         with self._lock:
             member = self._members[self._turn % len(self._members)]
             self._turn += 1
         first = member.load_batch(keys, buffers)
-        if member is self.writer:
+        if len(self.writers) == 1 and member is self.writer:
             return first
         out = BatchHandle("load", len(keys))
 
         def retry_missing(h: BatchHandle) -> None:
             res = list(h.wait(0))
-            again = [i for i, r in enumerate(res) if r.status is PageStatus.MISSING]
+            again: dict[int, list[int]] = {}
+            n = len(self.writers)
+            for i, r in enumerate(res):
+                w = save_owner(bytes(keys[i]), n)
+                if r.status is PageStatus.MISSING and self.writers[w] is not member:
+                    again.setdefault(w, []).append(i)
             if not again:
                 out._set(res)
                 return
+            left = [len(again)]
+            lock = threading.Lock()
 
-            def merged(h2: BatchHandle) -> None:
-                for i, r in zip(again, h2.wait(0), strict=True):
-                    res[i] = r
-                out._set(res)
+            def merged(pos: list[int], h2: BatchHandle) -> None:
+                with lock:
+                    for i, r in zip(pos, h2.wait(0), strict=True):
+                        res[i] = r
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    out._set(res)
 
-            self.writer.load_batch([keys[i] for i in again], [buffers[i] for i in again]).add_done_callback(merged)
+            for w, pos in again.items():
+                self.writers[w].load_batch([keys[i] for i in pos], [buffers[i] for i in pos]).add_done_callback(
+                    lambda hh, pos=pos: merged(pos, hh))
 
         first.add_done_callback(retry_missing)
         return out
 
     def discard(self, keys: Iterable[bytes], timeout: float = 30.0) -> int:
-        return self.writer.discard(keys, timeout)
+        ks = [bytes(k) for k in keys]
+        return sum(self.writers[w].discard([ks[i] for i in pos], timeout) for w, pos in self._split(ks).items())
 
     def contains(self, keys: Iterable[bytes], timeout: float = 30.0) -> list[bool]:
-        return self.writer.contains(keys, timeout)
+        ks = [bytes(k) for k in keys]
+        out = [False] * len(ks)
+        for w, pos in self._split(ks).items():
+            for i, hit in zip(pos, self.writers[w].contains([ks[i] for i in pos], timeout), strict=True):
+                out[i] = hit
+        return out
 
     def stats(self, timeout: float = 30.0) -> dict[str, float]:
-        """The writer's counters plus every reader's (summed)."""
+        """Every helper's counters (summed)."""
         total = dict(self.writer.stats(timeout))
-        for r in self.readers:
+        for r in self._members[1:]:
             for k, v in r.stats(timeout).items():
                 total[k] = total.get(k, 0) + v
         lb, ls = total.get("bytes_loaded", 0), total.get("load_seconds", 0)
         total["load_gbps"] = lb / ls / 1e9 if ls else 0.0
+        sb, ss = total.get("bytes_saved", 0), total.get("save_seconds", 0)
+        total["save_gbps"] = sb / ss / 1e9 if ss else 0.0
         return total
 
     def close(self, release: bool = True, timeout: float = 30.0) -> None:
         for r in self.readers:
             r.close(True, timeout)
-        self.writer.close(release, timeout)
+        for w in reversed(self.writers):
+            w.close(release, timeout)
 
     def kill(self) -> None:
-        """Kill the writer (tests: a crash)."""
+        """Kill the first writer (tests: a crash)."""
         self.writer.kill()
 
 

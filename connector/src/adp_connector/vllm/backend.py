@@ -7,8 +7,8 @@ None and the connector acts as "no cache". Once up, the controller reconnects by
 
 Given an ``arena`` (the worker side, option ``io_process``), the controller and store live in a helper process
 (:class:`~adp_connector.store.process.StoreProcess`) that moves pages in and out of the arena, or in several
-(``load_processes``: a :class:`~adp_connector.store.process.StoreGroup`); if one dies, ``store`` turns None and
-the link starts the helpers again.
+(``load_processes``, ``save_processes``: a :class:`~adp_connector.store.process.StoreGroup` of writer and reader
+helpers); if one dies, ``store`` turns None and the link starts the helpers again.
 """
 
 from __future__ import annotations
@@ -130,9 +130,11 @@ class StoreLink:
         ctrl: Controller | None = None
         if self.arena is not None:
             wait = 2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10
-            if c.load_processes > 1:
-                store = StoreGroup.start(Controller.connect, (hc,), sc, self.arena, readers=c.load_processes - 1,
-                                         on_exit=self._process_exited, timeout=wait)
+            savers = c.save_processes if self._writer else 1  # a read-only link claims no writer slots
+            if c.load_processes > 1 or savers > 1:
+                store = StoreGroup.start(Controller.connect, (hc,), sc, self.arena,
+                                         readers=max(0, c.load_processes - savers),
+                                         writers=savers, on_exit=self._process_exited, timeout=wait)
             else:
                 store = StoreProcess.start(Controller.connect, (hc,), sc, self.arena, on_exit=self._process_exited,
                                            timeout=wait)

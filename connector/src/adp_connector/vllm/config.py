@@ -45,6 +45,7 @@ class ADPConfig:
     io_threads: int = 2
     io_process: bool = True
     load_processes: int = 1
+    save_processes: int = 1
     max_io_kib: int = 0
     store_drafter_kv: bool = True
     audit_path: str | None = None
@@ -81,6 +82,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
     "load_processes": ((int,), "worker, with io_process: helper processes restores are spread over (1 writer + "
                        "read-only helpers, each with its own NVMe/TCP connection)"),
+    "save_processes": ((int,), "worker, with io_process: writer helpers saves are spread over (1..16; a key always "
+                       "goes to the same one, each holds its own writer slot on the card; they serve restores too, "
+                       "so the helpers are max(load_processes, save_processes))"),
     "max_io_kib": ((int,), "split device commands at this size (0: the controller's MDTS)"),
     "store_drafter_kv": ((bool,), "speculative decoding (MTP/EAGLE heads in the target's KV-cache group): store the "
                          "drafter layers' KV in the pages, so a restore keeps the acceptance rate (a hit then ends "
@@ -90,11 +94,13 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
                    "digest and the connector counters are recorded"),
 }
 
-_POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks", "load_processes"}
+_POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks", "load_processes",
+             "save_processes"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
                  "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens"}
 
 
+MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; each writer helper holds one
 MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devices need no more)
 
 # Options whose default comes from the host (host_defaults) when kv_connector_extra_config leaves them out.
@@ -175,6 +181,10 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
     cfg = ADPConfig(**values)
     if cfg.io_queues > 128 or cfg.queue_depth > 1023:
         raise ConfigError("ADPConnector: io_queues must be <= 128 and queue_depth <= 1023")
+    if cfg.save_processes > MAX_SAVE_PROCESSES:
+        raise ConfigError(f"ADPConnector: kv_connector_extra_config['save_processes'] must be <= "
+                          f"{MAX_SAVE_PROCESSES} (each writer holds one of the card's writer slots), "
+                          f"got {cfg.save_processes}")
     if cfg.trsvcid > 65535:
         raise ConfigError(f"ADPConnector: trsvcid must be a TCP port, got {cfg.trsvcid}")
     if 0 < cfg.max_io_kib < MIN_IO_KIB:

@@ -1,7 +1,12 @@
 """Restore-path benchmark: the connector's page-restore machinery without vLLM, in one run.
 
 A local userspace target (``--target-workers`` I/O worker processes) gets ``--gb`` of pages saved
-through the store; then, for each helper count in ``--helpers``, a :class:`StoreGroup` (one writer
+through a :class:`StoreGroup` of writer helpers from the shared staging arena, ``--slabs`` batches in
+flight, once per writer count in ``--save-processes`` (the connector's ``save_processes``; the card is
+formatted afresh before each, so every point writes every page; an untimed pass first faults the card's
+memory in); reported per save point: GB/s, the CPU seconds of the writers and the target, and the ratio
+to the first count's rate in the same run. Then, for each helper count in
+``--helpers``, a :class:`StoreGroup` (one writer
 helper + read-only helpers, as the connector's ``load_processes``) loads them back into a shared
 staging arena in batches of ``--batch-mb``, ``--slabs`` batches in flight, through the connector's own
 restore pipeline (:class:`adp_connector.pipeline.RestorePipeline`). ``--into gpu`` scatters each landed
@@ -17,11 +22,12 @@ import argparse
 import os
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from adp_connector.nvmeof.host import Controller, HostConfig
-from adp_connector.store import PageStore, StoreConfig
+from adp_connector.store import PageStatus, PageStore, StoreConfig
 from adp_connector.store.api import Store
 from adp_connector.store.keys import KeyNamespace
 from adp_connector.store.process import SharedArena, StoreGroup, StoreProcess
@@ -36,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gb", type=float, default=1.0, help="GB of pages saved, then restored at every point")
     p.add_argument("--page-size", type=parse_size, default=parse_size("2M"), help="bytes per page")
     p.add_argument("--helpers", default="1,2,4", help="comma-separated helper-process counts (load_processes)")
+    p.add_argument("--save-processes", default="1",
+                   help="comma-separated writer-helper counts for the save phase (save_processes); the card is "
+                        "formatted before each, the restores read what the last one saved")
     p.add_argument("--queues", type=int, default=4, help="NVMe/TCP I/O queues per helper")
     p.add_argument("--io-threads", type=int, default=4, help="concurrent batches per helper")
     p.add_argument("--batch-mb", type=int, default=64, help="MiB per load batch (one staging slab)")
@@ -120,6 +129,35 @@ def restore_point(group: Store, arena: SharedArena, keys: list[bytes], page: int
     return dt
 
 
+def save_point(group: Store, arena: SharedArena, keys: list[bytes], page: int, per_batch: int, slabs: int) -> float:
+    """Save every key once through ``group`` from the arena's ``slabs`` staging slabs (as many batches in flight,
+    a slab reused once its batch is done, as the connector's save path); returns seconds. Raises when a page is not
+    saved (a fresh card: every page must be written, none ``exists``)."""
+    slab = per_batch * page
+    view = memoryview(arena.map)
+    inflight: deque[Any] = deque()
+
+    def finish(h: Any) -> None:
+        bad = [r for r in h.wait(600) if r.status is not PageStatus.OK]
+        if bad:
+            raise RuntimeError(f"save failed: {len(bad)} page(s), first {bad[0].status.value}: {bad[0].detail}")
+
+    try:
+        t0 = time.perf_counter()
+        for n, i in enumerate(range(0, len(keys), per_batch)):
+            if len(inflight) >= slabs:
+                finish(inflight.popleft())
+            base = (n % slabs) * slab
+            ks = keys[i:i + per_batch]
+            inflight.append(group.save_batch(ks, [view[base + j * page:base + (j + 1) * page]
+                                                  for j in range(len(ks))]))
+        while inflight:
+            finish(inflight.popleft())
+        return time.perf_counter() - t0
+    finally:
+        view.release()
+
+
 def main(args: argparse.Namespace) -> int:
     refuse_to_overwrite_file(args.backing, "testbed bench restore-path", args.yes_destroy)
     try:
@@ -128,36 +166,65 @@ def main(args: argparse.Namespace) -> int:
         print("error: testbed bench restore-path needs torch (the connector's restore pipeline); "
               "run it from the vLLM environment", file=sys.stderr)
         return 2
+    try:
+        helpers = [int(x) for x in args.helpers.split(",")]
+        savers = [int(x) for x in args.save_processes.split(",")]
+    except ValueError:
+        print("error: --helpers and --save-processes take comma-separated integers", file=sys.stderr)
+        return 2
+    if min(helpers) < 1 or min(savers) < 1 or max(savers) > 16:
+        print("error: --helpers must be >= 1 and --save-processes within 1..16", file=sys.stderr)
+        return 2
     page = args.page_size
     per_batch = max(1, (args.batch_mb << 20) // page)
     n_pages = max(per_batch, int(args.gb * 1e9) // page)
-    helpers = [int(x) for x in args.helpers.split(",")]
     rows: list[dict[str, Any]] = []
     ns = KeyNamespace("bench-restore", "bf16", "bench", 16)
     keys = ns.keys_for_block_hashes(i.to_bytes(8, "little") for i in range(n_pages))
-    capacity = (int(2 * n_pages * (page + 8192) * 1.2) + (512 << 20)) // (1 << 20) * (1 << 20)  # 2 partitions
+    # pages twice over, plus a few segments per writer slot (each writer claims its own)
+    capacity = (int(2 * n_pages * (page + 8192) * 1.2) + (512 << 20) + max(savers) * (256 << 20)) // (1 << 20) \
+        * (1 << 20)
+    slots = max(savers) + 2  # the save writers, then the restore group's writer
     arena = SharedArena(per_batch * page * args.slabs)
-    zeros = bytes(per_batch * page)
-    for i in range(args.slabs):  # fault the staging in before timing (the connector pins it at start-up)
-        arena.map[i * len(zeros):(i + 1) * len(zeros)] = zeros
+    pattern = os.urandom(per_batch * page)
+    for i in range(args.slabs):  # page contents, and the staging faulted in before timing (the connector pins it)
+        arena.map[i * len(pattern):(i + 1) * len(pattern)] = pattern
     with StreamServer("127.0.0.1") as stream:
         for mdts, workers in [(parse_size(m), int(w)) for m in args.mdts.split(",")
                               for w in args.target_workers.split(",")]:
             with LocalTarget(capacity=capacity, mdts=mdts, io_workers=workers, backing=args.backing) as t:
                 hc = HostConfig(traddr=t.traddr, trsvcid=t.trsvcid, subnqn=t.subnqn, io_queues=args.queues,
                                 queue_depth=64, command_timeout=120.0)
-                with Controller.connect(hc) as ctrl:  # fill the card once through an in-process writer
-                    PageStore.format(ctrl, partitions=2, avg_page_bytes=page)
-                    store = PageStore(ctrl, StoreConfig(writer_id=b"bench-restore-w1", io_threads=4,
-                                                        heartbeat_interval_s=0, claim_settle_s=0.05))
-                    data = memoryview(bytearray(os.urandom(per_batch * page)))
-                    t0 = time.perf_counter()
-                    for i in range(0, n_pages, per_batch):
-                        ks = keys[i:i + per_batch]
-                        h = store.save_batch(ks, [data[j * page:(j + 1) * page] for j in range(len(ks))])
-                        assert h.ok_count(300) == len(ks), "save failed"
-                    save_s = time.perf_counter() - t0
-                    store.close()
+                saves: list[dict[str, Any]] = []
+                # an untimed first pass writes every page once: a RAM-backed card's memory (or a backing file's
+                # page cache) is faulted in before any timed point, so the first count is not charged for it
+                for warm, w_count in [(True, savers[0]), *((False, w) for w in savers)]:
+                    with Controller.connect(hc) as ctrl:
+                        PageStore.format(ctrl, partitions=slots, avg_page_bytes=page)
+                    scfg = StoreConfig(writer_id=b"bench-restore-w1", io_threads=args.io_threads,
+                                       heartbeat_interval_s=0, claim_settle_s=0.05, io_timeout_s=120.0)
+                    sgroup = StoreGroup.start(Controller.connect, (hc,), scfg, arena, readers=0, writers=w_count,
+                                              timeout=60)
+                    try:
+                        c0t, c0w = cpu_seconds([t.proc.pid]), cpu_seconds(sgroup.pids)
+                        dt = save_point(sgroup, arena, keys, page, per_batch, args.slabs)
+                        tcpu, wcpu = cpu_seconds([t.proc.pid]) - c0t, cpu_seconds(sgroup.pids) - c0w
+                        per_writer = [int(m.stats()["pages_saved"]) for m in sgroup.writers]
+                    finally:
+                        sgroup.close()
+                    if warm:
+                        continue
+                    gb = n_pages * page / 1e9
+                    srow = {"save_processes": w_count, "queues_per_writer": args.queues, "bytes": n_pages * page,
+                            "seconds": round(dt, 3), "gbps": round(gb / dt, 2), "writers_cpu_s": round(wcpu, 2),
+                            "target_cpu_s": round(tcpu, 2), "writers_cpu_s_per_gb": round(wcpu / gb, 3),
+                            "target_cpu_s_per_gb": round(tcpu / gb, 3), "pages_per_writer": per_writer}
+                    srow["vs_first"] = round(srow["gbps"] / saves[0]["gbps"], 3) if saves else 1.0
+                    saves.append(srow)
+                    print(f"MDTS {mdts >> 10}K target workers {workers} save processes {w_count} x {args.queues} "
+                          f"queues: save {srow['gbps']:6.2f} GB/s ({srow['vs_first']:.2f}x {savers[0]} writer(s) in "
+                          f"this run); CPU s writers {wcpu:.1f} target {tcpu:.1f} over {dt:.2f} s; pages per writer "
+                          f"{per_writer}", flush=True)
                 cfg = StoreConfig(writer_id=b"bench-restore-w2", io_threads=args.io_threads, heartbeat_interval_s=0,
                                   claim_settle_s=0.05, io_timeout_s=120.0)
                 for h_count in helpers:
@@ -184,7 +251,7 @@ def main(args: argparse.Namespace) -> int:
                            "bytes": n_pages * page,
                            "seconds": round(dt, 3), "gbps": round(gbps, 2), "ceiling_gbps": round(ceiling, 2),
                            "ratio": round(gbps / ceiling, 3), "target_cpu_s": round(tcpu, 2),
-                           "helpers_cpu_s": round(hcpu, 2), "fill_gbps": round(n_pages * page / save_s / 1e9, 2)}
+                           "helpers_cpu_s": round(hcpu, 2), "fill_gbps": saves[-1]["gbps"], "saves": saves}
                     rows.append(row)
                     print(f"MDTS {mdts >> 10}K target workers {workers} helpers {h_count} x {args.queues} queues: "
                           f"restore "
