@@ -1,8 +1,8 @@
 """The distributions work from a NON-editable install, without the source tree or its tests.
 
 Builds wheels of wire, connector, emulator and testbed (``pip wheel --no-deps --no-build-isolation --no-index``,
-from a copy of their sources WITHOUT their tests/ folders), installs them with ``pip install --no-deps --target`` into a temporary
-folder and runs, in fresh interpreters started with ``-S`` (no site-packages processing, so no editable-install
+from a copy of their sources WITHOUT their tests/ folders), installs them with ``pip install --no-deps --target``
+into a temporary folder and runs, in fresh interpreters started with ``-S`` (no site-packages processing, so no editable-install
 finder of the checkout) and only that folder plus this interpreter's third-party site-packages on the path, the entry
 points that used to load test files: ``testbed verify``'s model helpers, ``tiny:`` benchmark models, the CPU
 workaround directory, the engine runner and ``scripts/fuzz-target``. vLLM is not needed; generating a ``tiny:`` model
