@@ -2,11 +2,12 @@
 
 Builds wheels of wire, connector, emulator and testbed (``pip wheel --no-deps --no-build-isolation --no-index``,
 from a copy of their sources WITHOUT their tests/ folders), installs them with ``pip install --no-deps --target``
-into a temporary folder and runs, in fresh interpreters started with ``-S`` (no site-packages processing, so no editable-install
-finder of the checkout) and only that folder plus this interpreter's third-party site-packages on the path, the entry
-points that used to load test files: ``testbed verify``'s model helpers, ``tiny:`` benchmark models, the CPU
-workaround directory, the engine runner and ``scripts/fuzz-target``. vLLM is not needed; generating a ``tiny:`` model
-needs an interpreter with torch and transformers (the checkout's .venv-vllm, or $ADP_KV_VLLM_PYTHON).
+into a temporary folder and runs, in fresh interpreters started with ``-S`` (no site-packages processing, so no
+editable-install finder of the checkout) and only that folder plus this interpreter's third-party site-packages on
+the path, the entry points that used to load test files: ``testbed verify``'s model helpers, ``tiny:`` benchmark
+models, the CPU workaround directory, the engine runner and ``scripts/fuzz-target``. vLLM is not needed; generating
+a ``tiny:`` model needs an interpreter with torch and transformers (the checkout's .venv-vllm, or
+$ADP_KV_VLLM_PYTHON).
 
 Building a wheel offline needs ``bdist_wheel`` (setuptools >= 70.1, or the ``wheel`` package: requirements-dev.txt).
 """
