@@ -34,17 +34,23 @@ def test_defaults_derived_from_the_host(monkeypatch: pytest.MonkeyPatch) -> None
     """load_processes and staging_mb follow the host (cores, a CUDA GPU, RAM) unless set; io_queues stays 4."""
     from adp_connector.vllm import config
 
-    assert config.host_defaults(16, True, 128 << 30) == {"load_processes": 4, "staging_mb": 4096}  # the H200 box
+    assert config.host_defaults(16, True, 128 << 30) == {"load_processes": 4, "save_processes": 2,
+                                                         "staging_mb": 4096}  # the H200 box
     assert config.host_defaults(64, True, 128 << 30)["load_processes"] == 4  # capped
     assert config.host_defaults(8, True, 128 << 30)["load_processes"] == 2
-    assert config.host_defaults(2, True, 4 << 30) == {"load_processes": 1, "staging_mb": 1024}
-    assert config.host_defaults(64, False, 32 << 30) == {"load_processes": 1, "staging_mb": 2048}  # no GPU
+    assert config.host_defaults(2, True, 4 << 30) == {"load_processes": 1, "save_processes": 1, "staging_mb": 1024}
+    assert config.host_defaults(64, False, 32 << 30) == {"load_processes": 1, "save_processes": 1,
+                                                         "staging_mb": 2048}  # no GPU
     monkeypatch.setattr(config, "host_defaults", lambda: {"load_processes": 3, "staging_mb": 1500})
     c = parse_config({})
     assert (c.load_processes, c.staging_mb, c.io_queues) == (3, 1500, 4)
     c = parse_config({"load_processes": 1, "staging_mb": 0})  # control: what the user sets wins
     assert (c.load_processes, c.staging_mb) == (1, 0)
     assert "host: " in options_table()
+    monkeypatch.setattr(config, "host_defaults", lambda: {"load_processes": 4, "save_processes": 2, "staging_mb": 1})
+    assert parse_config({}).save_processes == 2  # the GPU host's derived writers
+    assert parse_config({"load_processes": 1}).save_processes == 1  # never more writers than helpers
+    assert parse_config({"load_processes": 1, "save_processes": 3}).save_processes == 3  # control: explicit wins
 
 
 def test_cuda_gpu_presence_follows_the_driver_and_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
