@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from memdevice import FileBacking, MemDevice
+from store_testutil import PROCESS_NQN
 
 
 @pytest.fixture(params=["mem", "file", "nvme"])
@@ -57,3 +58,17 @@ def device_factory(request: pytest.FixtureRequest, tmp_path) -> Iterator[Callabl
             d.close()
     for t in targets:
         t.stop()
+
+
+
+@pytest.fixture
+def target(tmp_path):
+    """A 64 MiB file-backed userspace target (the store-process tests' card), stopped after the test."""
+    target_mod = pytest.importorskip("adp_emulator.target", reason="the userspace target package is not installed")
+    t = target_mod.UserspaceTarget(target_mod.TargetSettings(
+        port=0, subnqn=PROCESS_NQN, capacity_bytes=64 << 20, lba_size=512, mdts_bytes=128 << 10,
+        backing_path=str(tmp_path / "ns.img")))
+    t.start()
+    yield t
+    t.stop()
+

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from adp_connector.store import StoreConfig
 
+PROCESS_NQN = "nqn.2026-11.io.awide:store-process-tests"  # the subsystem of conftest.py's target fixture
+
 
 def fast_config(**kw: object) -> StoreConfig:
     """A StoreConfig for tests: tiny claim settle, no background threads, few partitions."""

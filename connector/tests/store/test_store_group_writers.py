@@ -7,6 +7,7 @@ import os
 from dataclasses import replace
 
 import pytest
+from store_testutil import PROCESS_NQN
 
 from adp_connector.nvmeof.host import Controller, HostConfig
 from adp_connector.store import PageStatus, PageStore, StoreConfig
@@ -14,19 +15,9 @@ from adp_connector.store.process import SharedArena, StoreGroup, member_writer_i
 
 target_mod = pytest.importorskip("adp_emulator.target", reason="the userspace target package is not installed")
 
-NQN = "nqn.2026-12.io.awide:store-group-writers"
+NQN = PROCESS_NQN  # the subsystem of the target fixture (conftest.py)
 PAGE = 64 << 10
 N = 8  # pages saved per test: keys with first bytes 0..7, so W=2 owns 4 each
-
-
-@pytest.fixture
-def target(tmp_path):
-    t = target_mod.UserspaceTarget(target_mod.TargetSettings(
-        port=0, subnqn=NQN, capacity_bytes=64 << 20, lba_size=512, mdts_bytes=128 << 10,
-        backing_path=str(tmp_path / "ns.img")))
-    t.start()
-    yield t
-    t.stop()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from store_testutil import PROCESS_NQN
 
 from adp_connector.nvmeof.host import Controller, HostConfig
 from adp_connector.store import PageStatus, PageStore, StoreConfig
@@ -15,18 +16,8 @@ from adp_connector.store.process import SharedArena, StoreProcess, StoreProcessE
 target_mod = pytest.importorskip("adp_emulator.target", reason="the userspace target package is not installed")
 pid_alive = pytest.importorskip("adp_emulator.kernel.vm").pid_alive
 
-NQN = "nqn.2026-11.io.awide:store-process-tests"
+NQN = PROCESS_NQN  # the subsystem of the target fixture (conftest.py)
 PAGE = 64 << 10
-
-
-@pytest.fixture
-def target(tmp_path):
-    t = target_mod.UserspaceTarget(target_mod.TargetSettings(
-        port=0, subnqn=NQN, capacity_bytes=64 << 20, lba_size=512, mdts_bytes=128 << 10,
-        backing_path=str(tmp_path / "ns.img")))
-    t.start()
-    yield t
-    t.stop()
 
 
 def _host(t, **kw) -> HostConfig:
