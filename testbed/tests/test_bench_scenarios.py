@@ -63,6 +63,8 @@ def test_parse_metrics_and_counters() -> None:
     assert c["num_preemptions"] == 0.0  # absent series read as 0
     d = serve.delta(c, {k: 1.0 for k in c})
     assert d["prefix_cache_hits"] == 895.0
+    with pytest.raises(ValueError):  # prometheus_client's parser reads the page: a broken one is an error
+        serve.parse_metrics('vllm:prefix_cache_queries_total{engine="0" 12\n')
 
 
 def test_connector_config_in_one_place() -> None:

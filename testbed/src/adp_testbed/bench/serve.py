@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 ARMS = ("baseline", "adp", "cpu-offload")
 DEFAULT_ARMS = ("baseline", "adp")
 
@@ -143,22 +145,15 @@ class EngineSpec:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {series name without ``_total``: value summed over labels} (``_created`` etc. dropped)."""
+    """Prometheus text -> {series name without ``_total``: value summed over labels} (``_created`` and ``_bucket``
+    samples dropped). Parsed with prometheus_client's own parser: a /metrics page it cannot read is an error."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
-        if not m:
-            continue
-        name, value = m.group(1), m.group(3)
-        if name.endswith(("_created", "_bucket")):
-            continue
-        name = name.removesuffix("_total")
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_created", "_bucket")):
+                continue
+            name = sample.name.removesuffix("_total")
+            out[name] = out.get(name, 0.0) + float(sample.value)
     return out
 
 
