@@ -75,9 +75,16 @@ def _offered(sched: ADPConnector, rid: str, hashes: list[bytes], n_tokens: int, 
 
 
 def _save(worker: ADPConnector, meta: Any) -> None:
+    """One step's saves, waited for: wait_for_save only hands the staged pages to the submitter thread, so a test
+    that reads the store right after it races that thread (seen on a loaded machine)."""
     worker.bind_connector_metadata(meta)
     worker.wait_for_save()
     worker.clear_connector_metadata()
+    saves = worker.worker_side.saves
+    deadline = time.monotonic() + 30
+    while saves is not None and saves.pending_bytes and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert saves is None or saves.pending_bytes == 0, "saves still pending after 30 s"
     deadline = time.monotonic() + 20
     while worker.worker_side.saves.pending_bytes and time.monotonic() < deadline:  # staged, queued or being written
         time.sleep(0.02)
