@@ -31,18 +31,19 @@ log = logging.getLogger("vllm.adp_kv.backend")
 STARTUP_PROBE_WAIT_S = 1.0  # engine start-up waits at most this long for a silent target to answer at all
 
 
-def slot_shortfall(slots_per_partition: int, data_lbas: int, lba_size: int, page_bytes: int) -> str | None:
-    """Why a writer partition of this geometry runs out of slots long before data room for ``page_bytes`` pages
+def slot_shortfall(slots_per_segment: int, data_lbas: int, lba_size: int, page_bytes: int) -> str | None:
+    """Why a segment of this geometry runs out of slots long before its data area holds ``page_bytes`` pages
     (None when the slot table is not the limit). A card formatted for larger pages (the format's
-    ``avg_page_bytes`` hint) holds only ``slots_per_partition`` pages per writer, however small they are: the LRU
-    then evicts pages the data area had room for (e.g. Gemma3 at block 16: 8 KiB pages, 4 groups)."""
+    ``avg_page_bytes`` hint) has only ``slots_per_segment`` commit slots per segment, however small the pages are:
+    a writer then claims (and, on a full card, evicts) segments whose data areas are mostly empty (e.g. Gemma3 at
+    block 16: 8 KiB pages, 4 groups)."""
     page_lbas = 1 + -(-page_bytes // lba_size)  # header block + payload (store/format.py Geometry.page_lbas)
     fit = data_lbas // page_lbas
-    if slots_per_partition * 2 > fit:
+    if slots_per_segment * 2 > fit:
         return None
-    return (f"the card's slot table holds {slots_per_partition} pages per writer, its data area {fit} pages of "
-            f"{page_bytes} bytes: it was formatted for larger pages, so this writer keeps at most "
-            f"{slots_per_partition} pages (reformat the card, an empty one is formatted for this model's pages)")
+    return (f"the card's slot table holds {slots_per_segment} pages per segment, its data area {fit} pages of "
+            f"{page_bytes} bytes: it was formatted for larger pages, so each segment keeps at most "
+            f"{slots_per_segment} pages (reformat the card, an empty one is formatted for this model's pages)")
 
 
 class StoreLink:
@@ -160,7 +161,7 @@ class StoreLink:
         geo = getattr(store, "geometry", None)
         if not self.page_bytes or geo is None:
             return
-        why = slot_shortfall(geo.slots_per_partition, geo.data_lbas, geo.lba_size, self.page_bytes)
+        why = slot_shortfall(geo.slots_per_segment, geo.data_lbas, geo.lba_size, self.page_bytes)
         if why:
             log.warning("ADP KV: %s", why)
 
