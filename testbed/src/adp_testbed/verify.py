@@ -297,7 +297,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             tgt.stop()
     model_family, llm_kwargs, first_token_only, unit, workaround = _PLAN[fam]
-    llm_kwargs = _with_block_size(llm_kwargs, getattr(args, "block_size", None))
+    # one request per engine step: the restored run and its local-hit reference then prefill and decode with the
+    # same shapes whatever order the engine schedules the prompts in (batched, a random bf16 model flipped a greedy
+    # token between them on a loaded 2-core machine while every page was byte-identical)
+    llm_kwargs = _with_block_size({"max_num_seqs": 1, **llm_kwargs}, getattr(args, "block_size", None))
     if fam == "swa" and getattr(args, "variant", "gemma3") == "mistral":
         model_family = "mistral_swa"
     env: dict[str, str] = {}
