@@ -65,6 +65,10 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                                  "(default bench-results/<scenario>-<time>)")
     O.add_json_option(p, "the results (also in <out>/results.json)")
     p.add_argument("--no-report", action="store_true", help="skip the Markdown/PNG report")
+    p.add_argument("--profile", default="", metavar="ARMS",
+                   help="comma-separated arms whose `vllm serve` process tree py-spy samples for the arm's whole run "
+                        f"({SV.PROFILE_RATE_HZ} Hz, non-blocking; raw stacks in <out>/logs/pyspy-<arm>-<tag>.txt.gz); "
+                        "needs py-spy (on PATH or beside the interpreter)")
 
 
 def connector_opt(text: str) -> tuple[str, Any]:
@@ -112,6 +116,13 @@ class Run:
         bad = sorted(set(self.arms) - set(SV.ARMS))
         if bad:
             raise O.UsageError(f"testbed bench {scenario}: unknown arm(s) {bad}; choose from {list(SV.ARMS)}")
+        self.profile = [a for a in args.profile.split(",") if a]
+        bad = sorted(set(self.profile) - set(SV.ARMS))
+        if bad:
+            raise O.UsageError(f"testbed bench {scenario}: --profile: unknown arm(s) {bad}; "
+                               f"choose from {list(SV.ARMS)}")
+        if self.profile and SV.py_spy() is None:
+            raise O.UsageError(f"testbed bench {scenario}: --profile needs py-spy (pip install py-spy)")
         try:  # a bad --connector-opt fails here, not after the other arms have run
             parse_config(dict(args.connector_opt))
         except ConfigError as e:
@@ -138,7 +149,9 @@ class Run:
                              kv_transfer=kv_transfer)
 
     def server(self, arm: str, kv_transfer: dict[str, Any] | None, tag: str) -> SV.VllmServer:
-        return SV.VllmServer(self.spec(kv_transfer), self.python, self.out / "logs" / f"{arm}-{tag}.log")
+        logs = self.out / "logs"
+        return SV.VllmServer(self.spec(kv_transfer), self.python, logs / f"{arm}-{tag}.log",
+                             profile_path=logs / f"pyspy-{arm}-{tag}.txt" if arm in self.profile else None)
 
     @contextlib.contextmanager
     def connector(self, arm: str) -> Iterator[tuple[dict[str, Any] | None, str]]:
@@ -217,6 +230,7 @@ class Run:
                             "target": "external" if self.args.target else "local emulator",
                             "target_workers": self.args.target_workers},
             "connector_options": dict(self.args.connector_opt),
+            "profiled_arms": self.profile,
             "budgets": {"card_bytes": None if self.args.target else
                         self.args.card_bytes or self.settings["target_capacity_bytes"],
                         "offload_cpu_bytes": self.args.offload_bytes or self.settings["offload_cpu_bytes"]},

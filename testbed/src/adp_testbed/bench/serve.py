@@ -7,10 +7,12 @@ tokenizer files. The connector arm's ``kv_transfer_config`` is built in ONE plac
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -167,12 +169,23 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {k: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in after}
 
 
+PROFILE_RATE_HZ = 25  # low enough that the sampled arm's timing moves by well under 1%
+
+
+def py_spy() -> str | None:
+    """The py-spy executable: on PATH, else beside this interpreter (a venv's bin/); None if neither."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if os.access(beside, os.X_OK) else None)
+
+
 class VllmServer:
     """One ``vllm serve`` process group for a ``with`` block (a fresh engine: an empty device KV cache)."""
 
     def __init__(self, spec: EngineSpec, python: str, log_path: Path, env: dict[str, str] | None = None,
-                 start_timeout: float = 600.0) -> None:
+                 start_timeout: float = 600.0, profile_path: Path | None = None) -> None:
         self.spec, self.python, self.log_path = spec, python, log_path
+        self.profile_path = profile_path  # py-spy samples the process tree from start-up to stop when set
+        self._spy: subprocess.Popen[bytes] | None = None
         self.env = dict(os.environ, PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false", DO_NOT_TRACK="1",
                         VLLM_NO_USAGE_STATS="1", **(env or {}))
         self.start_timeout = start_timeout
@@ -192,6 +205,8 @@ class VllmServer:
             self.proc = subprocess.Popen([self.python, *self.spec.argv(self.port)], stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
                                          start_new_session=True)
+        if self.profile_path is not None:
+            self._start_profiler(self.profile_path)
         deadline = t0 + self.start_timeout
         while time.monotonic() < deadline:
             rc = self.proc.poll()
@@ -209,6 +224,33 @@ class VllmServer:
             time.sleep(0.5)
         self.stop()
         raise ServeError(f"vllm serve not healthy within {self.start_timeout:.0f} s (log {self.log_path})")
+
+    def _start_profiler(self, path: Path) -> None:
+        exe = py_spy()
+        if exe is None or self.proc is None:
+            raise ServeError("py-spy not on PATH")
+        with open(path.with_suffix(".log"), "wb") as log:
+            self._spy = subprocess.Popen([exe, "record", "--subprocesses", "--nonblocking", "-r", str(PROFILE_RATE_HZ),
+                                          "-f", "raw", "-o", str(path), "-p", str(self.proc.pid)],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def _stop_profiler(self) -> None:
+        """py-spy writes its file when the sampled process exits; then the file is gzipped."""
+        spy, self._spy = self._spy, None
+        if spy is None or self.profile_path is None:
+            return
+        try:
+            spy.wait(30)
+        except subprocess.TimeoutExpired:
+            spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+        if self.profile_path.exists():
+            with open(self.profile_path, "rb") as src, gzip.open(str(self.profile_path) + ".gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            self.profile_path.unlink()
 
     def log_tail(self, n: int = 30) -> str:
         try:
@@ -251,6 +293,7 @@ class VllmServer:
         except subprocess.TimeoutExpired:
             pass
         self.proc = None
+        self._stop_profiler()
 
     def __enter__(self) -> VllmServer:
         return self.start()

@@ -1,0 +1,65 @@
+"""``testbed bench --profile``: py-spy samples an arm's server process tree and the stacks land beside the logs."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from adp_testbed import options as O
+from adp_testbed.bench import serve as SV
+from adp_testbed.bench.common import Run, add_common_arguments
+
+
+def _args(tmp_path: Path, *extra: str):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_common_arguments(p)
+    return p.parse_args(["--model", "m", "--out", str(tmp_path), "--vllm-python", sys.executable, *extra])
+
+
+def test_profile_of_an_unknown_arm_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(O.UsageError, match="--profile: unknown arm"):
+        Run("sweep", _args(tmp_path, "--profile", "adp,nonsense"), {})
+
+
+def test_profile_without_py_spy_is_refused_before_any_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SV, "py_spy", lambda: None)
+    with pytest.raises(O.UsageError, match="needs py-spy"):
+        Run("sweep", _args(tmp_path, "--profile", "adp"), {})
+
+
+def test_only_the_named_arm_is_profiled(tmp_path: Path) -> None:
+    if SV.py_spy() is None:
+        pytest.skip("py-spy not on PATH (requirements-dev.txt installs it)")
+    run = Run("sweep", _args(tmp_path, "--profile", "adp"), {})
+    assert run.server("adp", None, "engine").profile_path == tmp_path / "logs" / "pyspy-adp-engine.txt"
+    assert run.server("baseline", None, "engine").profile_path is None
+
+
+def test_profiler_records_the_server_process_stacks(tmp_path: Path) -> None:
+    """The real py-spy on a real child process: its function shows up in the gzipped stacks (and nothing is written
+    for a server without a profile path: the negative control)."""
+    if SV.py_spy() is None:
+        pytest.skip("py-spy not on PATH (requirements-dev.txt installs it)")
+    code = "import time\ndef busy_serving_requests():\n    t = time.time()\n    while time.time() - t < 2.5: pass\n" \
+           "busy_serving_requests()\n"
+    for path in (tmp_path / "pyspy-adp-engine.txt", None):
+        srv = SV.VllmServer(SV.EngineSpec(model="m", max_model_len=16), sys.executable, tmp_path / "x.log",
+                            profile_path=path)
+        srv.proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        if path is not None:
+            srv._start_profiler(path)
+        time.sleep(0.3)
+        srv.proc.wait(20)
+        srv.stop()
+    with gzip.open(tmp_path / "pyspy-adp-engine.txt.gz", "rt") as f:
+        stacks = f.read()
+    assert "busy_serving_requests" in stacks
+    assert not (tmp_path / "pyspy-adp-engine.txt").exists()
+    assert sorted(p.name for p in tmp_path.glob("pyspy-*.gz")) == ["pyspy-adp-engine.txt.gz"]
