@@ -163,9 +163,26 @@ def test_several_writers_need_a_writer_config(arena) -> None:
         StoreGroup.start(Controller.connect, (None,), _cfg(), arena, readers=0, writers=0)
 
 
-def test_an_extra_writer_without_a_free_slot_stops_the_start(target, arena) -> None:
+def test_extra_writers_without_a_free_slot_read_and_the_group_saves_with_the_rest(target, arena, caplog) -> None:
+    """A card with 2 writer slots and a group asking for 3 writers (+1 reader): 2 writers, 2 readers, a warning,
+    and every save lands (before, the whole start failed and the engine served without a cache)."""
     cfg = replace(_cfg(), partitions=2)
-    with pytest.raises(Exception, match="no free writer slot"):
-        StoreGroup.start(Controller.connect, (_host(target),), cfg, arena, readers=0, writers=3)
+    keys = _keys()
+    view, data = _fill(arena)
+    with caplog.at_level("WARNING", logger="adp_connector.store.process"):
+        g = StoreGroup.start(Controller.connect, (_host(target),), cfg, arena, readers=1, writers=3)
+    try:
+        assert len(g.writers) == 2 and len(g.readers) == 2
+        assert all(w.info["partition"] is not None for w in g.writers)
+        assert "2 of 3 writer helpers got a writer slot" in caplog.text
+        assert all(r.ok for r in g.save_batch(keys, _src(view)).wait(20))
+        assert sum(w.stats()["pages_saved"] for w in g.writers) == N
+        _load_all(g, view, keys, data, rounds=1)
+    finally:
+        g.close()
     g = StoreGroup.start(Controller.connect, (_host(target),), cfg, arena, readers=0, writers=2)  # slots released
-    g.close()
+    try:
+        assert len(g.writers) == 2 and not g.readers
+    finally:
+        g.close()
+    view.release()

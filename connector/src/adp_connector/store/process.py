@@ -358,8 +358,9 @@ class StoreGroup:
               on_exit: Callable[[str], None] | None = None) -> StoreGroup:
         """Start ``writers`` writer helpers (the first with ``config``, the others with writer ids derived from its
         ``writer_id``) and ``readers`` read-only helpers; ``on_exit`` runs once, when the first of them exits (the
-        owner then replaces the whole group). Raises :class:`StoreProcessError` when an extra writer finds no free
-        writer slot on the card (it would silently save nothing)."""
+        owner then replaces the whole group). An extra writer that finds no free writer slot on the card (other
+        engines hold them) serves as a reader instead and the group saves with the writers that got one (logged);
+        the first writer's own state is what :class:`StoreProcess` reports."""
         if writers < 1 or readers < 0:
             raise ValueError("a store group needs at least one writer and no negative reader count")
         if writers > 1 and not config.writer:
@@ -374,27 +375,31 @@ class StoreGroup:
 
         base = bytes(config.writer_id) if config.writer_id is not None else os.urandom(16)
         started: list[StoreProcess] = []
+        slotless: list[StoreProcess] = []  # extra writers the card had no slot for: they read
         try:
             started.append(StoreProcess.start(open_device, device_args, config, arena, timeout=timeout,
                                               on_exit=exited))
             for i in range(1, writers):
+                if slotless:  # the card's slots are taken: the rest would find none either
+                    break
                 wc = dataclasses.replace(config, writer=True, writer_id=member_writer_id(base, i),
                                          writer_label=f"{config.writer_label} writer {i}", preferred_partition=None)
                 sp = StoreProcess.start(open_device, device_args, wc, arena, timeout=timeout, on_exit=exited)
-                started.append(sp)
-                if sp.info.get("partition") is None:
-                    raise StoreProcessError(f"store writer {i + 1} of {writers} found no free writer slot on the "
-                                            f"card (lower save_processes, or format the card with more slots)")
+                (started if sp.info.get("partition") is not None else slotless).append(sp)
+            got = len(started)
+            if got < writers:
+                log.warning("page store: %d of %d writer helpers got a writer slot on the card (the others are held "
+                            "by other writers); saving with %d", got, writers, got)
             rc = dataclasses.replace(config, writer=False, writer_label=f"{config.writer_label} reader")
-            for _ in range(readers):
-                started.append(StoreProcess.start(open_device, device_args, rc, arena, timeout=timeout,
-                                                  on_exit=exited))
+            while len(started) + len(slotless) < writers + readers:
+                slotless.append(StoreProcess.start(open_device, device_args, rc, arena, timeout=timeout,
+                                                   on_exit=exited))
         except BaseException:
             fired.set()
-            for sp in started:
+            for sp in started + slotless:
                 sp.close()
             raise
-        return cls(started[0], started[writers:], started[1:writers])
+        return cls(started[0], slotless, started[1:])
 
     @property
     def pid(self) -> int:
