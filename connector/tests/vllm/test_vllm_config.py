@@ -34,8 +34,9 @@ def test_defaults_derived_from_the_host(monkeypatch: pytest.MonkeyPatch) -> None
     """load_processes and staging_mb follow the host (cores, a CUDA GPU, RAM) unless set; io_queues stays 4."""
     from adp_connector.vllm import config
 
-    assert config.host_defaults(16, True, 128 << 30) == {"load_processes": 4, "save_processes": 2,
-                                                         "staging_mb": 4096}  # the H200 box
+    assert config.host_defaults(16, True, 125 << 30) == {"load_processes": 4, "save_processes": 2,
+                                                         "staging_mb": 8000}  # the H200 box
+    assert config.host_defaults(16, True, 512 << 30)["staging_mb"] == 8192  # capped
     assert config.host_defaults(64, True, 128 << 30)["load_processes"] == 4  # capped
     assert config.host_defaults(8, True, 128 << 30)["load_processes"] == 2
     assert config.host_defaults(2, True, 4 << 30) == {"load_processes": 1, "save_processes": 1, "staging_mb": 1024}
@@ -93,3 +94,13 @@ def test_save_processes_is_validated() -> None:
             parse_config({"save_processes": bad})
     with pytest.raises(ConfigError, match="save_processes"):
         parse_config({"save_processes": True})
+
+
+def test_pending_save_cap_follows_staging_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adp_connector.vllm import config
+
+    monkeypatch.setattr(config, "host_defaults", lambda: {"load_processes": 1, "staging_mb": 8000})
+    base = {"traddr": "127.0.0.1", "trsvcid": 4420, "subnqn": "nqn.x"}
+    assert config.parse_config(base).max_pending_save_mb == 8000
+    assert config.parse_config({**base, "staging_mb": 2048}).max_pending_save_mb == 2048
+    assert config.parse_config({**base, "max_pending_save_mb": 512}).max_pending_save_mb == 512

@@ -107,7 +107,8 @@ MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devi
 HOST_DERIVED = {
     "load_processes": "host: min(4, cores // 4) with a CUDA GPU, else 1",
     "save_processes": "host: min(2, load_processes) with a CUDA GPU, else 1",
-    "staging_mb": "host: RAM / 16, within 1024..4096",
+    "staging_mb": "host: RAM / 16, within 1024..8192",
+    "max_pending_save_mb": "staging_mb (saves are staged there: more could not be in flight)",
 }
 
 
@@ -137,17 +138,18 @@ def host_defaults(cpu_count: int | None = None, gpu: bool | None = None,
     Measured on the H200 machine (16 cores; issue 14's runs, 4 target workers): 4 restore helpers
     (``load_processes``) with 4 queues each were fastest; a busy helper takes about a core, so a GPU host gets one
     per 4 cores, up to 4. Without a GPU the engine computes on the cores itself: one helper. Staging is 1/16 of the
-    RAM, 1-4 GiB. ``io_queues`` keeps its measured best, 4, everywhere. Saves: one writer helper saved 3.9 GB/s
-    there, two 8.0 GB/s (2.05x), four 8.5 GB/s (2.19x; GPU run 7, docs/benchmarks.md), while 8 agents produce
-    ~3 GB/s of KV: a GPU host gets two writers (``save_processes``; each holds one of the card's 16 writer slots),
-    never more than its restore helpers.
+    RAM, 1-8 GiB (GPU run 7 dropped saves for want of staging at 8 agents with 4 GiB, where one 40k-token prefill
+    produces 5 GB of pages in about 1.5 s). ``io_queues`` keeps its measured best, 4, everywhere. Saves: one writer
+    helper saved 3.9 GB/s there, two 8.0 GB/s (2.05x), four 8.5 GB/s (2.19x; GPU run 7, docs/benchmarks.md), while 8
+    agents produce ~3 GB/s of KV: a GPU host gets two writers (``save_processes``; each holds one of the card's 16
+    writer slots), never more than its restore helpers.
     """
     cpus = os.cpu_count() if cpu_count is None else cpu_count
     has_gpu = cuda_gpu_present() if gpu is None else gpu
     ram = _ram_bytes() if ram_bytes is None else ram_bytes
     load = max(1, min(4, (cpus or 1) // 4)) if has_gpu else 1
     return {"load_processes": load, "save_processes": min(2, load) if has_gpu else 1,
-            "staging_mb": max(1024, min(4096, (ram >> 20) // 16))}
+            "staging_mb": max(1024, min(8192, (ram >> 20) // 16))}
 
 
 def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
@@ -183,6 +185,8 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
         values[f.name] = float(v) if float in types and not isinstance(v, bool) else v
     for name, value in host_defaults().items():
         values.setdefault(name, value)
+    if "max_pending_save_mb" not in extra and "staging_mb" in values:
+        values["max_pending_save_mb"] = values["staging_mb"]
     if "save_processes" not in extra and "save_processes" in values:  # a derived default: never more writers
         values["save_processes"] = min(values["save_processes"], values.get("load_processes", 1))  # than helpers
     cfg = ADPConfig(**values)
