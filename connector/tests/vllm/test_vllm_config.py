@@ -102,5 +102,5 @@ def test_pending_save_cap_follows_staging_unless_given(monkeypatch: pytest.Monke
     monkeypatch.setattr(config, "host_defaults", lambda: {"load_processes": 1, "staging_mb": 8000})
     base = {"traddr": "127.0.0.1", "trsvcid": 4420, "subnqn": "nqn.x"}
     assert config.parse_config(base).max_pending_save_mb == 8000
-    assert config.parse_config({**base, "staging_mb": 2048}).max_pending_save_mb == 2048
+    assert config.parse_config({**base, "staging_mb": 2048}).max_pending_save_mb == 4096  # never below 4096
     assert config.parse_config({**base, "max_pending_save_mb": 512}).max_pending_save_mb == 512

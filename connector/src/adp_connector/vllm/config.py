@@ -108,7 +108,7 @@ HOST_DERIVED = {
     "load_processes": "host: min(4, cores // 4) with a CUDA GPU, else 1",
     "save_processes": "host: min(2, load_processes) with a CUDA GPU, else 1",
     "staging_mb": "host: RAM / 16, within 1024..8192",
-    "max_pending_save_mb": "staging_mb (saves are staged there: more could not be in flight)",
+    "max_pending_save_mb": "max(4096, staging_mb)",
 }
 
 
@@ -186,7 +186,7 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
     for name, value in host_defaults().items():
         values.setdefault(name, value)
     if "max_pending_save_mb" not in extra and "staging_mb" in values:
-        values["max_pending_save_mb"] = values["staging_mb"]
+        values["max_pending_save_mb"] = max(ADPConfig.max_pending_save_mb, values["staging_mb"])
     if "save_processes" not in extra and "save_processes" in values:  # a derived default: never more writers
         values["save_processes"] = min(values["save_processes"], values.get("load_processes", 1))  # than helpers
     cfg = ADPConfig(**values)
