@@ -1,9 +1,12 @@
 """The restore pipeline: pages loaded from a store through staging slabs, checked, scattered into the KV cache.
 
 A job (one request's restore) is split per group into slab-sized store batches. They run in parallel in the
-store's threads (or helpers), as many as there are free staging slabs; each is copied into the KV cache as soon as
-it lands and its slab then takes the next batch (:meth:`RestorePipeline.poll`): host memory stays bounded whatever
-the restore's size. Any page not restored fails the whole job (the caller recomputes).
+store's threads (or helpers), at most ``max_inflight`` at a time and as many as there are free staging slabs; each
+is copied into the KV cache as soon as it lands and its slab then takes the next batch (:meth:`RestorePipeline.poll`):
+host memory stays bounded whatever the restore's size. Batches are handed out oldest job first: with several
+restores in flight the first one finishes first (its request computes while the next restores) instead of all of
+them finishing together, and restores never hold more slabs than the I/O can use, so saves still find staging.
+Any page not restored fails the whole job (the caller recomputes).
 """
 
 from __future__ import annotations
@@ -95,7 +98,8 @@ class RestorePipeline:
 
     def __init__(self, sink: PageSink, pool: StagingPool, page_bytes: dict[int, int], counters: Counters, *,
                  timeout_s: float, audit: PageAudit | None = None,
-                 discard_corrupt: bool = False, ledger: SaveLedger | None = None) -> None:
+                 discard_corrupt: bool = False, ledger: SaveLedger | None = None,
+                 max_inflight: int | None = None) -> None:
         self.sink = sink
         self.pool = pool
         self.page_bytes = page_bytes
@@ -104,6 +108,7 @@ class RestorePipeline:
         self.audit = audit
         self.discard_corrupt = discard_corrupt  # drop pages failing verification (our own copies) from the store
         self.ledger = ledger  # this worker's recent save outcomes: tells an eviction from a save never committed
+        self.max_inflight = max_inflight  # batches holding a slab at once (None: as many as there are slabs)
         self.jobs: list[LoadJob] = []
 
     def start(self, job: LoadJob, store: Store | None) -> None:
@@ -123,26 +128,38 @@ class RestorePipeline:
         for gid, idxs in by_group.items():
             per = max(1, self.pool.slab_bytes // self.page_bytes[gid])
             job.chunks.extend(LoadChunk(gid, idxs[s0:s0 + per]) for s0 in range(0, len(idxs), per))
-        self._feed(job, store)
+        self._feed(store)
 
-    def _feed(self, job: LoadJob, store: Store) -> None:
-        """Submit the job's next chunks while staging slabs are free (a temporary buffer only if none can ever be)."""
-        for ch in job.chunks:
-            if job.failed:
-                return
-            if ch.handle is not None:
-                continue
-            pb = self.page_bytes[ch.gid]
-            n = len(ch.idxs)
-            buf = self.pool.take(n * pb, temporary=self.pool.max_slabs == 0)
-            if buf is None:
-                return
-            ch.buf = buf
-            rows = buf[:n * pb].view(n, pb)
-            try:
-                ch.handle = store.load_batch([job.pages[i][2] for i in ch.idxs], [rows[j].numpy() for j in range(n)])
-            except Exception as exc:
-                job.fail(_exception_cause(exc), f"submitting a batch: {type(exc).__name__}: {exc}")
+    def inflight(self) -> int:
+        """Batches holding a staging slab (submitted and not yet copied out)."""
+        return sum(ch.buf is not None for job in self.jobs for ch in job.chunks)
+
+    def _feed(self, store: Store) -> None:
+        """Submit waiting batches, oldest job first, while a slab is free and fewer than ``max_inflight`` are in
+        flight (a temporary buffer only if no slab can ever be); a job never overtakes an older one."""
+        room = None if self.max_inflight is None else self.max_inflight - self.inflight()
+        for job in self.jobs:
+            for ch in job.chunks:
+                if job.failed:
+                    break
+                if ch.handle is not None:
+                    continue
+                if room is not None and room <= 0:
+                    return
+                pb = self.page_bytes[ch.gid]
+                n = len(ch.idxs)
+                buf = self.pool.take(n * pb, temporary=self.pool.max_slabs == 0)
+                if buf is None:
+                    return
+                ch.buf = buf
+                if room is not None:
+                    room -= 1
+                rows = buf[:n * pb].view(n, pb)
+                try:
+                    ch.handle = store.load_batch([job.pages[i][2] for i in ch.idxs],
+                                                 [rows[j].numpy() for j in range(n)])
+                except Exception as exc:
+                    job.fail(_exception_cause(exc), f"submitting a batch: {type(exc).__name__}: {exc}")
 
     def poll(self, store: Store | None) -> list[LoadJob]:
         """Copy landed chunks into the KV cache, feed free slabs; return (and release) the finished jobs."""
@@ -159,11 +176,14 @@ class RestorePipeline:
                 if ch.applied and ch.buf is not None and (ch.copied is None or ch.copied.query()):
                     self.pool.give(ch.buf)  # in place: the slab takes the next batch
                     ch.buf = None
-            if not job.failed and any(ch.handle is None for ch in job.chunks):
-                if store is None:
-                    job.fail(Cause.TARGET_UNREACHABLE, "the page store went away during the restore")
-                else:
-                    self._feed(job, store)
+            if not job.failed and store is None and any(ch.handle is None for ch in job.chunks):
+                job.fail(Cause.TARGET_UNREACHABLE, "the page store went away during the restore")
+        for job in self.jobs:  # a failed job's slabs go back before the free ones are handed out
+            if job.failed and job.chunks:
+                self.release(job)
+        if store is not None:
+            self._feed(store)
+        for job in self.jobs:
             in_place = all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
             if not job.failed and not in_place:
                 if now - job.t0 < self.timeout_s:
@@ -171,8 +191,10 @@ class RestorePipeline:
                     continue
                 waiting = sum(ch.handle is None for ch in job.chunks)
                 if waiting:
+                    ahead = sum(1 for j in self.jobs if j.t0 < job.t0 and not j.failed)
                     job.fail(Cause.NO_STAGING, f"{waiting}/{len(job.chunks)} batch(es) still waiting for a staging "
-                             f"slab after {self.timeout_s} s (raise staging_mb)")
+                             f"slab after {self.timeout_s} s, behind {ahead} older restore(s) (raise staging_mb or "
+                             f"load_timeout_s)")
                 else:
                     job.fail(Cause.TIMED_OUT, f"{sum(not ch.applied for ch in job.chunks)}/{len(job.chunks)} "
                              f"batch(es) not landed after {self.timeout_s} s")

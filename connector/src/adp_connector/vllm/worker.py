@@ -38,6 +38,13 @@ from .naming import PageNamer
 log = logging.getLogger("vllm.adp_kv.connector")
 
 
+def restore_inflight(cfg: ADPConfig) -> int:
+    """Restore batches in flight at once: two per store batch the I/O can run concurrently (each helper process
+    runs ``io_threads`` batches), so the I/O never idles while restores leave most staging slabs to saves."""
+    helpers = max(cfg.load_processes, cfg.save_processes) if cfg.io_process else 1
+    return 2 * helpers * max(1, cfg.io_threads)
+
+
 class WorkerSide:
     """KV tensors as pages, staging, and the two pipelines of one worker-role connector."""
 
@@ -113,7 +120,8 @@ class WorkerSide:
                                   slab_required=self.arena is not None, audit=self.audit)
         self.restores = RestorePipeline(self.kv, self.pool, page_bytes, self.counters,
                                         timeout_s=self.cfg.load_timeout_s, audit=self.audit,
-                                        discard_corrupt=self.cfg.save, ledger=self.saves.ledger)
+                                        discard_corrupt=self.cfg.save, ledger=self.saves.ledger,
+                                        max_inflight=restore_inflight(self.cfg))
 
     # ------------------------------------------------------------------ restores
 

@@ -1,0 +1,113 @@
+"""RestorePipeline hands staging slabs out oldest restore first, at most ``max_inflight`` batches at a time.
+
+A unit test of the pipeline layer alone: the store is a stand-in whose batches the test completes by hand (the real
+stores are exercised by the connector tests); the KV cache and the staging pool are the real ones, on the CPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from adp_connector.pipeline import Cause, Counters, LoadJob, PagedKV, RestorePipeline, StagingPool  # noqa: E402
+from adp_connector.store.results import PageResult, PageStatus  # noqa: E402
+
+PAGE = 64  # bytes per page: one layer, 64 int8 per block
+BLOCKS = 32
+
+
+class _Batch:
+    def __init__(self, keys: list[bytes], bufs: list) -> None:
+        self.keys, self.bufs, self._done = keys, bufs, False
+        self._callbacks: list = []
+
+    def land(self) -> None:
+        for k, b in zip(self.keys, self.bufs, strict=True):
+            b[:] = k[0]  # the page's bytes say which page it is
+        self._done = True
+        for cb in self._callbacks:
+            cb(self)
+
+    def add_done_callback(self, cb) -> None:
+        self._callbacks.append(cb)
+
+    def done(self) -> bool:
+        return self._done
+
+    def wait(self, timeout: float | None = None) -> list[PageResult]:
+        assert self._done
+        return [PageResult(k, PageStatus.OK, PAGE) for k in self.keys]
+
+
+class _Store:
+    """Records the order batches were submitted in."""
+
+    def __init__(self) -> None:
+        self.batches: list[_Batch] = []
+
+    def load_batch(self, keys: list[bytes], bufs: list) -> _Batch:
+        b = _Batch(list(keys), bufs)
+        self.batches.append(b)
+        return b
+
+    def submitted(self) -> list[int]:
+        return [b.keys[0][0] for b in self.batches]  # first page id of each batch
+
+
+def _setup(max_inflight: int | None):
+    kv = torch.zeros(BLOCKS, PAGE, dtype=torch.int8)
+    sink = PagedKV({0: [("layer0", kv, PAGE)]})
+    pool = StagingPool(2 * PAGE, 4 * 2 * PAGE, pinned=False)  # 4 slabs of 2 pages
+    pipe = RestorePipeline(sink, pool, {0: PAGE}, Counters(), timeout_s=30.0, max_inflight=max_inflight)
+    return kv, pipe, _Store()
+
+
+def _job(rid: str, first_page: int, n: int, first_block: int) -> LoadJob:
+    return LoadJob(rid, [(0, first_block + i, bytes([first_page + i]) * 8) for i in range(n)], [], t0=time.monotonic())
+
+
+def test_the_oldest_restore_gets_the_slabs_and_finishes_first() -> None:
+    kv, pipe, store = _setup(max_inflight=2)
+    pipe.start(_job("A", 10, 6, 0), store)  # 3 batches
+    pipe.start(_job("B", 20, 4, 8), store)  # 2 batches
+    assert store.submitted() == [10, 12]  # the cap: two batches, both A's; B waits
+    store.batches[0].land()
+    assert pipe.poll(store) == [] and store.submitted() == [10, 12, 14]  # the freed slab goes to A, not B
+    store.batches[1].land()
+    store.batches[2].land()
+    done = pipe.poll(store)
+    assert [j.req_id for j in done] == ["A"] and not done[0].failed
+    assert store.submitted() == [10, 12, 14, 20, 22]
+    for b in store.batches[3:]:
+        b.land()
+    done = pipe.poll(store)
+    assert [j.req_id for j in done] == ["B"] and not done[0].failed
+    for i in range(6):
+        assert int(kv[i, 0]) == 10 + i and bool((kv[i] == 10 + i).all())
+    for i in range(4):
+        assert int(kv[8 + i, 0]) == 20 + i
+
+
+def test_without_a_cap_a_later_restore_takes_slabs_while_an_older_one_waits() -> None:
+    """Negative control: no max_inflight, as before, B takes the fourth slab while A's batches are in flight."""
+    _, pipe, store = _setup(max_inflight=None)
+    pipe.start(_job("A", 10, 6, 0), store)
+    pipe.start(_job("B", 20, 4, 8), store)
+    assert store.submitted() == [10, 12, 14, 20]
+
+
+def test_a_failed_older_restore_does_not_hold_back_the_next() -> None:
+    _, pipe, store = _setup(max_inflight=1)
+    a = _job("A", 10, 4, 0)
+    pipe.start(a, store)
+    pipe.start(_job("B", 20, 2, 8), store)
+    assert store.submitted() == [10]
+    a.fail(Cause.IO_ERROR, "test")
+    store.batches[0].land()
+    done = pipe.poll(store)
+    assert [j.req_id for j in done] == ["A"] and done[0].failed
+    assert store.submitted() == [10, 20]
+
