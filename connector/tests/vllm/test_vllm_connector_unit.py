@@ -122,9 +122,18 @@ def _restore(worker: ADPConnector, meta: Any, rid: str) -> Any:
 def _corrupt_first_page(tgt: UserspaceTarget, sched: ADPConnector) -> None:
     """Flip payload bytes of one saved page on the target (found through the scheduler's index of the worker's
     partition, as of its last refresh; the payload starts one LBA after the header)."""
-    store = sched.link.store
-    locs = list(store._foreign.values())  # test-only
-    tgt.faults.corrupt((locs[0].lba + 1) * store.geometry.lba_size + 16, 8)
+    from adp_connector.nvmeof.host import Controller, HostConfig
+    from adp_connector.store import PageStore, StoreConfig
+
+    sched.link.store.refresh()
+    with Controller.connect(HostConfig(traddr="127.0.0.1", trsvcid=tgt.address[1], io_queues=1)) as ctrl:
+        store = PageStore(ctrl, StoreConfig(writer=False, refresh_interval_s=3600))  # a reader of its own
+        try:
+            key = sched.link.store.indexed_keys()[0]
+            extent = next(e for e in store.payload_extents() if e[0] == key)
+            tgt.faults.corrupt(extent[1] + 16, 8)
+        finally:
+            store.close()
 
 
 @pytest.fixture(params=[True, False], ids=["io-process", "in-process"])
@@ -841,3 +850,57 @@ def conn_cfg(cfg: Any, **changes: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(cfg, **changes)
+
+
+def test_the_scheduler_looks_up_through_a_helper_process_off_the_engine_threads() -> None:
+    """With io_process the scheduler's index (and its refresh, a read per slot table every refresh_interval_s) lives
+    in a lookup helper: this process runs no NVMe/TCP queue threads for it. Control: io_process off, it does."""
+    import threading
+
+    from adp_connector.store.process import StoreProcess
+
+    for io_process in (True, False):
+        tgt, sched, worker = _target_and_halves(io_process=io_process)
+        try:
+            nvme = [t.name for t in threading.enumerate() if t.name.startswith("nvme-")]
+            assert isinstance(sched.link.store, StoreProcess) is io_process
+            assert bool(nvme) is not io_process, nvme
+            worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+            hashes = _cold_save(sched, worker)  # saved by the worker, seen by the scheduler's (helper's) index
+            _offered(sched, f"hit-{io_process}", hashes, 13, [5, 6, 7, 8], hit=12)
+        finally:
+            sched.shutdown()
+            worker.shutdown()
+            tgt.stop()
+
+
+def test_a_waiting_request_asked_again_reuses_its_lookup_until_pages_are_reported_gone(monkeypatch) -> None:
+    """vLLM asks again every step a request waits; within LOOKUP_REUSE_S the answer is reused (no round trip), but a
+    worker report of lost keys, or the time passing, makes the next ask look again (the controls)."""
+    import adp_connector.vllm.scheduler as sched_mod
+
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+        hashes = _cold_save(sched, worker)
+        side = sched.scheduler_side
+        r = _request("w", hashes, 13)
+        c = side.counters
+        before = {k: c[k] for k in ("lookups", "lookups_reused")}
+        assert sched.get_num_new_matched_tokens(r, 0) == (12, True)
+        assert sched.get_num_new_matched_tokens(r, 0) == (12, True)
+        assert {k: c[k] - v for k, v in before.items()} == {"lookups": 1, "lookups_reused": 1}
+        # the worker reports the pages gone: the next ask looks again and no longer offers them
+        lost = sched.link.store.indexed_keys()
+        sched.update_connector_output(SimpleNamespace(failed_recving=set(), finished_recving=set(),
+                                                      kv_connector_worker_meta=SimpleNamespace(lost=lost)))
+        assert sched.get_num_new_matched_tokens(r, 0) == (0, False)
+        assert c["lookups"] - before["lookups"] == 2
+        monkeypatch.setattr(sched_mod, "LOOKUP_REUSE_S", 0.0)  # control: no reuse window, every ask looks
+        sched.get_num_new_matched_tokens(r, 0)
+        sched.get_num_new_matched_tokens(r, 0)
+        assert c["lookups"] - before["lookups"] == 4
+    finally:
+        sched.shutdown()
+        worker.shutdown()
+        tgt.stop()

@@ -218,6 +218,14 @@ class StoreProcess:
         """The helper store's counters (``StoreStats.snapshot``)."""
         return dict(self._call("stats", [], timeout))
 
+    def refresh(self, timeout: float = 30.0) -> None:
+        """Re-read the other writers' slot tables now (the helper also does it every ``refresh_interval_s``)."""
+        self._call("refresh", [], timeout)
+
+    def indexed_keys(self, timeout: float = 30.0) -> list[bytes]:
+        """Every key the helper's index holds (diagnostics and tests)."""
+        return list(self._call("indexed_keys", [], timeout))
+
     def _call(self, op: str, keys: list[bytes], timeout: float) -> Any:
         rid = self._register((None, [], keys))
         if rid is None:
@@ -505,6 +513,11 @@ class StoreGroup:
                 out[i] = hit
         return out
 
+    def refresh(self, timeout: float = 30.0) -> None:
+        """Refresh every helper's index now."""
+        for m in self._members:
+            m.refresh(timeout)
+
     def stats(self, timeout: float = 30.0) -> dict[str, float]:
         """Every helper's counters (summed)."""
         total = dict(self.writer.stats(timeout))
@@ -549,7 +562,10 @@ def _serve(conn: Connection, arena: memoryview) -> None:
         if device is not None:
             device.close()
         return
-    send(("ready", {"partition": store.partition, "pid": os.getpid()}))
+    g = store.geometry
+    send(("ready", {"partition": store.partition, "pid": os.getpid(),
+                    "geometry": {"slots_per_segment": g.slots_per_segment, "data_lbas": g.data_lbas,
+                                 "lba_size": g.lba_size, "segments": g.segments}}))
 
     def done(rid: int, h: BatchHandle, inline: list[tuple[int, bytearray]]) -> None:
         try:
@@ -590,6 +606,11 @@ def _serve(conn: Connection, arena: memoryview) -> None:
                     out: Any = store.discard(keys)
                 elif op == "contains":
                     out = store.contains(keys)
+                elif op == "refresh":
+                    store.refresh()
+                    out = True
+                elif op == "indexed_keys":
+                    out = store.indexed_keys()
                 elif op == "stats":
                     out = store.stats.snapshot()
                 elif op in ("close", "abandon"):

@@ -8,7 +8,11 @@ None and the connector acts as "no cache". Once up, the controller reconnects by
 Given an ``arena`` (the worker side, option ``io_process``), the controller and store live in a helper process
 (:class:`~adp_connector.store.process.StoreProcess`) that moves pages in and out of the arena, or in several
 (``load_processes``, ``save_processes``: a :class:`~adp_connector.store.process.StoreGroup` of writer and reader
-helpers); if one dies, ``store`` turns None and the link starts the helpers again.
+helpers); if one dies, ``store`` turns None and the link starts the helpers again. A read-only link with
+``io_process`` (the scheduler side) opens its store in a lookup helper of its own: the index refresh (every slot
+table of the card, each ``refresh_interval_s``: a thousand NVMe reads on a 64 GiB card) and the NVMe/TCP queue
+threads then run outside the engine-core process, off the GIL of the thread that schedules and launches the model;
+a lookup is one round trip to that helper.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .config import ADPConfig
 log = logging.getLogger("vllm.adp_kv.backend")
 
 STARTUP_PROBE_WAIT_S = 1.0  # engine start-up waits at most this long for a silent target to answer at all
+LOOKUP_ARENA_BYTES = 1 << 20  # a lookup helper moves no pages; the helper protocol still maps an arena
 
 
 def slot_shortfall(slots_per_segment: int, data_lbas: int, lba_size: int, page_bytes: int) -> str | None:
@@ -62,6 +67,7 @@ class StoreLink:
         self._writer_id = hashlib.blake2b(identity.encode(), digest_size=16).digest()
         self._partition = partition
         self._label = label
+        self._lookup_arena: SharedArena | None = None  # a read-only link's lookup helper maps it
         self._lock = threading.Lock()
         self._ctrl: Controller | None = None
         self._store: Store | None = None
@@ -129,7 +135,13 @@ class StoreLink:
             sc.avg_page_bytes = self.page_bytes
         store: PageStore | StoreProcess | StoreGroup
         ctrl: Controller | None = None
-        if self.arena is not None:
+        if self.arena is None and not self._writer and c.io_process:
+            if self._lookup_arena is None:
+                self._lookup_arena = SharedArena(LOOKUP_ARENA_BYTES, name="adp-kv-lookup")
+            wait = 2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10
+            store = StoreProcess.start(Controller.connect, (hc,), sc, self._lookup_arena,
+                                       on_exit=self._process_exited, timeout=wait)
+        elif self.arena is not None:
             wait = 2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10
             savers = c.save_processes if self._writer else 1  # a read-only link claims no writer slots
             if c.load_processes > 1 or savers > 1:
@@ -162,6 +174,11 @@ class StoreLink:
         """Warn when the card's slot table, not its data area, bounds what a writer keeps (any link can tell: the
         geometry is the card's; the worker's helper-process store does not expose it, the scheduler's does)."""
         geo = getattr(store, "geometry", None)
+        if geo is None:  # a helper process reports the geometry at start-up
+            info = getattr(store, "info", None)
+            geo = info.get("geometry") if isinstance(info, dict) else None
+            if geo is not None:
+                geo = type("HelperGeometry", (), geo)
         if not self.page_bytes or geo is None:
             return
         why = slot_shortfall(geo.slots_per_segment, geo.data_lbas, geo.lba_size, self.page_bytes)
@@ -218,3 +235,6 @@ class StoreLink:
                 ctrl.close()
             except Exception:
                 pass
+        if self._lookup_arena is not None:
+            self._lookup_arena.close()
+            self._lookup_arena = None

@@ -37,6 +37,7 @@ log = logging.getLogger("vllm.adp_kv.connector")
 RECENT_SAVES = 65536  # keys remembered as "being saved" until the store index shows them
 RECENT_SAVE_TTL_S = 10.0  # > a save's write + the scheduler index refresh (1 s): then failed saves are retried
 LOST_KEYS = 1 << 18  # keys remembered as "not on the card" though the index may still list them
+LOOKUP_REUSE_S = 0.25  # a waiting request asked again within this time gets its last lookup's answer
 
 
 @dataclass
@@ -75,6 +76,10 @@ class SchedulerSide:
         self._meta_load_blocks: dict[str, list[int]] = {}
         self._meta_hashes: dict[bytes, bytes] = {}  # TP > 1: key -> block hash of the keys planned for this step
         self._key_cache: dict[str, dict[int, list[bytes]]] = {}  # rid -> group -> keys of its leading blocks
+        # rid -> (when, max_tokens, lost generation, presence by group) of its last lookup: vLLM asks again every
+        # step a request waits (for blocks, or behind others), and each ask is a round trip to the lookup helper
+        self._last_lookup: dict[str, tuple[float, int, int, dict[int, list[bool]]]] = {}
+        self._lost_gen = 0  # bumped whenever the workers report keys gone: a reused answer may not hide them
 
     # ------------------------------------------------------------------ lookups and restores
 
@@ -94,18 +99,26 @@ class SchedulerSide:
         if max_tokens <= num_computed_tokens:  # the local hit already covers all a restore could add: no lookup
             self._pending_hit.pop(rid, None)
             return 0, False
-        present: dict[int, list[bool]] = {}
-        for g in self.layouts:
-            if not g.persists:
-                continue
-            nblk = max_tokens // g.block_size
-            if g.stores_drafter and (nblk + 1) * g.block_size <= hashed:
-                nblk += 1  # the page after the hit decides whether its last block's drafter KV fits this request
-            keys = self._lookup_keys(rid, g, hashes, nblk)
-            found = store.contains(keys) if keys else []
-            present[g.group_id] = [f and not self._is_lost(k) for k, f in zip(keys, found, strict=True)]
+        now = time.monotonic()
+        last = self._last_lookup.get(rid)
+        if last is not None and now - last[0] < LOOKUP_REUSE_S and last[1] == max_tokens and last[2] == self._lost_gen:
+            present = last[3]
+            self.counters.add(lookups_reused=1)
+        else:
+            present = {}
+            for g in self.layouts:
+                if not g.persists:
+                    continue
+                nblk = max_tokens // g.block_size
+                if g.stores_drafter and (nblk + 1) * g.block_size <= hashed:
+                    nblk += 1  # the page after the hit decides whether its last block's drafter KV fits this request
+                keys = self._lookup_keys(rid, g, hashes, nblk)
+                found = store.contains(keys) if keys else []
+                present[g.group_id] = [f and not self._is_lost(k) for k, f in zip(keys, found, strict=True)]
+            self._last_lookup[rid] = (now, max_tokens, self._lost_gen, present)
+            self.counters.add(lookups=1)
         hit = best_hit(self.layouts, present, max_tokens)
-        self.counters.add(lookups=1, lookup_hit_tokens=max(hit - num_computed_tokens, 0))
+        self.counters.add(lookup_hit_tokens=max(hit - num_computed_tokens, 0))
         unit_blocks = self.cfg.min_hit_blocks * max((g.block_size for g in self.layouts), default=1)
         if hit <= num_computed_tokens or hit < unit_blocks:
             self._pending_hit.pop(rid, None)
@@ -270,6 +283,7 @@ class SchedulerSide:
             self._recent_saves.pop(k, None)
         lost = getattr(wm, "lost", ())
         if lost:
+            self._lost_gen += 1
             now = time.monotonic()
             for k in lost:
                 self._lost[k] = now
@@ -298,6 +312,7 @@ class SchedulerSide:
         """Forget a finished request (its saves were staged when its blocks were computed)."""
         self._reqs.pop(rid, None)
         self._key_cache.pop(rid, None)
+        self._last_lookup.pop(rid, None)
         self.tables.drop(rid)
         self._planned.pop(rid, None)
         self._pending_hit.pop(rid, None)
