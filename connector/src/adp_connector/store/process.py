@@ -95,12 +95,12 @@ _POPULATE_CHUNK = 64 << 20
 class ArenaPopulator:
     """Faults this process's page-table entries for the arena in, once, in the background.
 
-    Each process that maps the arena takes a minor page fault on its first touch of every 4 KiB page; a restore into
-    a slab the helper never touched paid ~0.3 core-seconds per GB in fault handling (docs/benchmarks.md, run 8),
-    more than the socket receive itself. ``MADV_POPULATE_WRITE`` in 64 MiB steps (ctypes releases the GIL) moves
-    that to the helper's start. The pages are the arena's own (a ``memfd`` the owner allocates and pins), so no
-    memory is added. ``ADP_KV_ARENA_POPULATE=0`` turns it off; a kernel without the advice stops it with one log
-    line. ``done`` is set either way.
+    Each process that maps the arena takes a minor page fault on its first touch of every 4 KiB page; a restore
+    into a slab the helper never touched paid ~0.3 core-seconds per GB in fault handling (about 40% of a helper's
+    restore CPU, measured with perf on the restore-path benchmark), more than the socket receive itself.
+    ``MADV_POPULATE_WRITE`` in 64 MiB steps (ctypes releases the GIL) moves that to the helper's start. The pages
+    are the arena's own (a ``memfd`` the owner allocates and pins), so no memory is added. ``ADP_KV_ARENA_POPULATE=0``
+    turns it off; a kernel without the advice stops it with one log line. ``done`` is set either way.
     """
 
     def __init__(self, arena: memoryview) -> None:
