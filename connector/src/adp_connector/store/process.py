@@ -99,8 +99,9 @@ class ArenaPopulator:
     into a slab the helper never touched paid ~0.3 core-seconds per GB in fault handling (about 40% of a helper's
     restore CPU, measured with perf on the restore-path benchmark), more than the socket receive itself.
     ``MADV_POPULATE_WRITE`` in 64 MiB steps (ctypes releases the GIL) moves that to the helper's start. The pages
-    are the arena's own (a ``memfd`` the owner allocates and pins), so no memory is added. ``ADP_KV_ARENA_POPULATE=0``
-    turns it off; a kernel without the advice stops it with one log line. ``done`` is set either way.
+    are the arena's own ``memfd`` pages: a pinned arena has them all already; an unpinned one gets any page the
+    owner has not touched yet allocated now instead of at first use. ``ADP_KV_ARENA_POPULATE=0`` turns it off; a
+    kernel without the advice stops it with one log line. ``done`` is set either way.
     """
 
     def __init__(self, arena: memoryview) -> None:
