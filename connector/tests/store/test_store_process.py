@@ -264,3 +264,23 @@ def test_the_helper_reports_its_arena_populated(target) -> None:
     finally:
         sp.close()
         a.close()
+
+
+def test_arena_populate_falls_back_with_one_warning_on_a_kernel_without_the_advice(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An advice the kernel refuses (as a kernel before 5.14 refuses MADV_POPULATE_WRITE): one warning line, nothing
+    populated, ``done`` set (the pages fault in on first use, as before)."""
+    import adp_connector.store.process as proc
+
+    monkeypatch.setattr(proc, "_MADV_POPULATE_WRITE", 0x7FFF)  # no such advice: EINVAL
+    monkeypatch.setenv("ADP_KV_ARENA_POPULATE", "1")
+    a = SharedArena(8 << 20)
+    try:
+        pop = proc.ArenaPopulator(memoryview(a.map))
+        with caplog.at_level("WARNING", logger="adp_connector.store.process"):
+            pop.run()
+        assert pop.done.is_set() and pop.populated == 0
+        lines = [r.getMessage() for r in caplog.records if "arena populate" in r.getMessage()]
+        assert len(lines) == 1 and "Invalid argument" in lines[0]
+    finally:
+        a.close()

@@ -124,12 +124,12 @@ class ArenaPopulator:
                 step = min(_POPULATE_CHUNK, n - off)
                 if libc.madvise(ctypes.c_void_p(base + off), ctypes.c_size_t(step), _MADV_POPULATE_WRITE) != 0:
                     err = ctypes.get_errno()
-                    log.info("arena populate stopped at %d of %d bytes: %s (pages fault in on first use)",
+                    log.warning("arena populate stopped at %d of %d bytes: %s (pages fault in on first use)",
                              off, n, os.strerror(err))
                     return
                 self.populated = off + step
         except (OSError, AttributeError, TypeError, ValueError) as exc:
-            log.info("arena populate unavailable: %s (pages fault in on first use)", exc)
+            log.warning("arena populate unavailable: %s (pages fault in on first use)", exc)
         finally:
             self.done.set()
 
