@@ -130,6 +130,36 @@ def test_bench_datapath_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     rows = json.loads(out.read_text())["rows"]
     assert {r["op"] for r in rows} == {"read", "write"}
     assert all(r["gbps"] > 0 and r["ceiling_gbps"] > 0 and r["ratio"] > 0 for r in rows)
+    # CPU per GB of the client, the local target and both ends of the ceiling, all measured in the run
+    assert all(r["processes"] == 1 and r["client_cpu_s_per_gb"] > 0 and r["target_cpu_s_per_gb"] > 0
+               and r["ceiling_receiver_cpu_s_per_gb"] > 0 and r["ceiling_sender_cpu_s_per_gb"] > 0 for r in rows)
+
+
+def test_bench_datapath_client_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--processes 2`: two client processes with their own controllers run each point together (the connector's
+    load_processes); the ceiling has processes x queues streams; the client CPU is the processes' own."""
+    out = tmp_path / "dp.json"
+    assert main(["bench", "datapath", "--sizes", "128K", "--queues", "1", "--depths", "2", "--ops", "read",
+                 "--seconds", "0.3", "--working-set", "16M", "--processes", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["processes"] for r in rows] == [2]
+    r = rows[0]
+    assert r["bytes"] > 0 and r["client_cpu_s_per_gb"] > 0 and r["target_cpu_s_per_gb"] > 0
+    assert "p=2 q=1" in capsys.readouterr().out
+
+
+def test_stream_ceiling_reports_both_ends_cpu() -> None:
+    """The loopback ceiling's CPU: each end's core-seconds are positive and no more than its threads could spend
+    in the elapsed time (a per-process counter read from the wrong process, or wall time, would break either)."""
+    from adp_testbed.bench.stream import StreamServer
+
+    with StreamServer() as s:
+        r = s.measure_cpu(2, 1 << 30, 1 << 20, "read")  # long enough for clock-tick CPU counts
+        w = s.measure_cpu(2, 1 << 30, 1 << 20, "write")
+    for got in (r, w):
+        assert got.bytes == 1 << 30 and got.gbps > 0
+        assert 0 < got.receiver_cpu_s <= 2 * got.seconds + 0.05 and 0 < got.sender_cpu_s <= 3 * got.seconds + 0.05
+        assert got.as_row()["ceiling_receiver_cpu_s_per_gb"] == round(got.receiver_cpu_s_per_gb, 3)
 
 
 def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,6 +174,8 @@ def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert [(r["target_workers"], r["helpers"]) for r in rows] == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert all(r["gbps"] > 0 and r["ratio"] > 0 and r["helpers_cpu_s"] > 0 and r["bytes"] >= 40_000_000 - (256 << 10)
                for r in rows)
+    assert all(r["helpers_cpu_s_per_gb"] > 0 and r["ceiling_receiver_cpu_s_per_gb"] > 0
+               and r["ceiling_sender_cpu_s_per_gb"] > 0 for r in rows)
     assert "restore" in capsys.readouterr().out
 
 

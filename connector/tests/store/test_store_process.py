@@ -212,3 +212,75 @@ def test_group_reports_the_first_helper_exit_once(target, arena) -> None:
         assert len(exits) == 1
     finally:
         g.close()
+
+
+def _minor_faults_touching(view: memoryview) -> int:
+    """Minor page faults this process takes writing one byte per 4 KiB page of ``view``."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for off in range(0, len(view), 4096):
+        view[off] = 1
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.parametrize("populate", [True, False])
+def test_arena_populate_faults_the_mapping_in_up_front(populate: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper's mapping of the arena is populated at its start: touching every page afterwards takes (almost) no
+    page faults; the control (ADP_KV_ARENA_POPULATE=0) takes one per page. Both end with ``done`` set."""
+    import mmap
+
+    from adp_connector.store.process import ArenaPopulator
+
+    a = SharedArena(64 << 20)
+    try:
+        a.map[:] = bytes(len(a.map))  # the owner's pages exist (as the connector's pinned arena does)
+        mine = mmap.mmap(a.fd, a.nbytes)  # a second mapping: what a helper process maps
+        view = memoryview(mine)
+        monkeypatch.setenv("ADP_KV_ARENA_POPULATE", "1" if populate else "0")
+        pop = ArenaPopulator(view)
+        pop.start()
+        assert pop.done.wait(30)
+        faults = _minor_faults_touching(view)
+        pages = a.nbytes // 4096
+        if populate:
+            assert pop.populated == a.nbytes and faults < pages // 20
+        else:
+            assert pop.populated == 0 and faults > pages // 2
+        view.release()
+        mine.close()
+    finally:
+        a.close()
+
+
+def test_the_helper_reports_its_arena_populated(target) -> None:
+    a = SharedArena(16 << 20)
+    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg(), a)
+    try:
+        deadline = time.monotonic() + 20
+        while (st := sp.stats())["arena_populate_done"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert st["arena_populate_done"] == 1 and st["arena_populated_bytes"] == a.nbytes
+    finally:
+        sp.close()
+        a.close()
+
+
+def test_arena_populate_falls_back_with_one_warning_on_a_kernel_without_the_advice(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An advice the kernel refuses (as a kernel before 5.14 refuses MADV_POPULATE_WRITE): one warning line, nothing
+    populated, ``done`` set (the pages fault in on first use, as before)."""
+    import adp_connector.store.process as proc
+
+    monkeypatch.setattr(proc, "_MADV_POPULATE_WRITE", 0x7FFF)  # no such advice: EINVAL
+    monkeypatch.setenv("ADP_KV_ARENA_POPULATE", "1")
+    a = SharedArena(8 << 20)
+    try:
+        pop = proc.ArenaPopulator(memoryview(a.map))
+        with caplog.at_level("WARNING", logger="adp_connector.store.process"):
+            pop.run()
+        assert pop.done.is_set() and pop.populated == 0
+        lines = [r.getMessage() for r in caplog.records if "arena populate" in r.getMessage()]
+        assert len(lines) == 1 and "Invalid argument" in lines[0]
+    finally:
+        a.close()

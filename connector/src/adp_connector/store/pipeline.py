@@ -12,7 +12,7 @@ from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from ..device import Buffer, ScatterList
-from .core import Loc, PageOp, StoreCore, failed_future
+from .core import LandedDigest, Loc, PageOp, StoreCore, failed_future
 from .format import (
     EMPTY_SLOT,
     RECORD_BYTES,
@@ -366,10 +366,19 @@ class PipelineMixin(StoreCore):
             if op.tail is not None:
                 views.append(memoryview(op.tail))
             op.futs = self._sub_readv(off, ScatterList(views))
-            return
-        op.futs = self._sub_read(off, memoryview(op.staging)) + self._sub_read(off + lba, op.mv[:body])
-        if op.tail is not None:
-            op.futs += self._sub_read(off + lba + body, memoryview(op.tail))
+        else:
+            op.futs = self._sub_read(off, memoryview(op.staging)) + self._sub_read(off + lba, op.mv[:body])
+            if op.tail is not None:
+                op.futs += self._sub_read(off + lba + body, memoryview(op.tail))
+        if self.config.verify:
+            op.digest = LandedDigest(op.futs, lambda: self._payload_checksum(op))
+
+    def _payload_checksum(self, op: PageOp) -> bytes:
+        """The stored-format checksum of a non-inline page read into ``op.mv`` (body) and ``op.tail``."""
+        n, lba = op.loc.length, self._lba
+        body = n // lba * lba
+        tail = memoryview(op.tail)[:n - body] if op.tail is not None else b""
+        return page_checksum(op.key, op.loc.seq, n, op.mv[:body], tail)
 
     def _finish_read(self, op: PageOp, corrupt_own: list[bytes], stale: list[PageOp]) -> PageResult:
         err = self._wait(op.futs)
@@ -392,9 +401,8 @@ class PipelineMixin(StoreCore):
         if self.config.verify:
             if inline:
                 cks = page_checksum(k, loc.seq, n, memoryview(op.staging)[lba:lba + n])
-            else:
-                tail = memoryview(op.tail)[:n - body] if op.tail is not None else b""
-                cks = page_checksum(k, loc.seq, n, op.mv[:body], tail)
+            else:  # taken as the last command landed (in cache), or here
+                cks = op.digest.result() if op.digest is not None else self._payload_checksum(op)
             if cks != hdr.checksum:
                 self.stats.add(verify_failures=1)
                 if op.own:

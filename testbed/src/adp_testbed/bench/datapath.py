@@ -6,13 +6,19 @@ plain Python loopback TCP streams with the same number of connections (the ceili
 ratio. Against the local userspace emulator by default (``--target-workers`` I/O worker processes),
 or ``--target ADDR:PORT --nqn NQN``. ``--into pinned|gpu`` reads into page-locked memory, and for
 ``gpu`` copies each landed read on into GPU memory before its buffer is reused (torch + CUDA).
+``--processes N`` runs the client as the connector does with ``load_processes``: N client processes,
+each with its own controller of ``--queues`` I/O queues, driving the same point at the same time (the
+ceiling then has N x queues streams). Every row has the client's and (local target) the target's
+core-seconds per GB, and the ceiling's receiver and sender core-seconds per GB of the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import random
+import resource
 import sys
 import threading
 import time
@@ -20,12 +26,14 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from adp_connector.nvmeof.host import Controller
 
 from .. import options as O
 from ..sizes import format_size, parse_size, size_list
 from ..targets import LocalTarget, connect_existing, refuse_to_destroy
+from .restore import cpu_seconds
 from .stream import StreamServer
 
 PATTERNS = ("seq", "rand")
@@ -54,6 +62,11 @@ class Row:
     iops: float
     ceiling_gbps: float
     ratio: float
+    processes: int = 1
+    client_cpu_s_per_gb: float = 0.0  # every client process, all threads (user + system)
+    target_cpu_s_per_gb: float | None = None  # the local target's processes; None for --target
+    ceiling_receiver_cpu_s_per_gb: float = 0.0
+    ceiling_sender_cpu_s_per_gb: float = 0.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --target: overwrite the namespace even if it holds data or a page store")
     p.add_argument("--target-workers", type=O.list_of(O.int_in(0, 256), "worker counts (0-256)"), default=[0],
                    help="emulator I/O worker processes, comma-separated for several targets (local only)")
+    p.add_argument("--processes", type=O.int_in(1, 64), default=1,
+                   help="client processes, each with its own controller of --queues I/O queues, driving every "
+                        "point together (the connector's load_processes); 1: the client runs in this process")
     p.add_argument("--into", choices=["host", "pinned", "gpu"], default="host",
                    help="where reads land: plain host memory, page-locked memory, or on into GPU memory")
     O.add_json_option(p, "the rows and the summary")
@@ -157,6 +173,68 @@ def run_point(ctrl: Controller, op: str, pattern: str, size: int, depth: int, se
     return done_bytes, time.perf_counter() - t0
 
 
+def _own_cpu_s() -> float:
+    """User + system CPU seconds of this process, every thread."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _client_main(addr: str, port: int, nqn: str | None, queues: int, start: Any, conn: Any) -> None:
+    """A client process: one controller, then points run on request (None ends it)."""
+    with connect_existing(addr, port, nqn, io_queues=queues, queue_depth=128) as ctrl:  # type: ignore[attr-defined]
+        conn.send(ctrl.capacity_bytes)
+        while (job := conn.recv()) is not None:
+            start.wait()
+            c0 = _own_cpu_s()
+            t0 = time.perf_counter()
+            n, dt = run_point(ctrl, *job)
+            conn.send((n, t0, t0 + dt, _own_cpu_s() - c0))
+
+
+class ClientProcesses:
+    """``count`` client processes (spawned), each connected with ``queues`` I/O queues, run points together."""
+
+    def __init__(self, count: int, addr: str, port: int, nqn: str | None, queues: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.start = ctx.Barrier(count)
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        for _ in range(count):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_client_main, args=(addr, port, nqn, queues, self.start, theirs), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            self.conns.append(mine)
+        for c in self.conns:
+            if not c.poll(60):
+                raise RuntimeError("a client process did not connect within 60 s")
+            c.recv()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def run(self, *job: Any) -> tuple[int, float, float]:
+        """Run one point (``run_point``'s arguments after the controller) in every process at once;
+        returns (bytes in all, seconds from the first start to the last end, the processes' CPU seconds)."""
+        for c in self.conns:
+            c.send(job)
+        got = [c.recv() for c in self.conns]
+        return (sum(g[0] for g in got), max(g[2] for g in got) - min(g[1] for g in got),
+                sum(g[3] for g in got))
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
 def main(args: argparse.Namespace) -> int:
     preset = PRESETS[args.preset]
     sizes = _list(args.sizes, preset["sizes"], parse_size)
@@ -171,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
     mdts_list = [0] if args.target else list(args.mdts)
     workers_list = [0] if args.target else list(args.target_workers)
     point = dict(queues=queues, ops=ops, sizes=sizes, patterns=patterns, depths=depths, seconds=seconds, ws=ws,
-                 into=args.into)
+                 into=args.into, processes=args.processes)
     with StreamServer("127.0.0.1") as stream:
         for mdts in mdts_list:
             if args.target:
@@ -182,7 +260,8 @@ def main(args: argparse.Namespace) -> int:
                 continue
             for nw in workers_list:
                 with LocalTarget(capacity=max(ws * 2, 1 << 30), mdts=mdts, io_workers=nw) as got:
-                    _run_target(got.traddr, got.trsvcid, got.subnqn, mdts, nw, stream, ceilings, rows, **point)
+                    _run_target(got.traddr, got.trsvcid, got.subnqn, mdts, nw, stream, ceilings, rows, **point,
+                                target_pid=got.proc.pid)
     summary = summarize(rows)
     for line in summary_lines(summary):
         print(line)
@@ -209,8 +288,8 @@ def summary_lines(summary: dict) -> list[str]:
 
 def _run_target(addr: str, port: int, nqn: str | None, mdts: int, workers: int, stream: StreamServer,
                 ceilings: dict, rows: list[Row], *, queues: list[int], ops: list[str], sizes: list[int],
-                patterns: list[str], depths: list[int], seconds: float, ws: int, into: str,
-                guard: Callable[[Controller, str], None] | None = None) -> None:
+                patterns: list[str], depths: list[int], seconds: float, ws: int, into: str, processes: int = 1,
+                guard: Callable[[Controller, str], None] | None = None, target_pid: int | None = None) -> None:
     for q in queues:
         with connect_existing(addr, port, nqn, io_queues=q, queue_depth=128) as ctrl:  # type: ignore[attr-defined]
             if guard is not None:
@@ -222,26 +301,48 @@ def _run_target(addr: str, port: int, nqn: str | None, mdts: int, workers: int, 
                 for off in range(0, ws_eff - len(fill) + 1, len(fill)):
                     ctrl.write(off, fill)
             print(f"# target {addr}:{port} {ctrl.config.subnqn}: max transfer {format_size(ctrl.max_transfer_bytes)}"
-                  f", {q} I/O queue(s), {workers} target I/O worker(s), reads into {into}", file=sys.stderr)
-            for op in ops:
-                for size in sizes:
-                    key = (op, q, size)
-                    if key not in ceilings:
-                        total = max(256 << 20, size * q * 8)
-                        ceilings[key] = max(stream.measure(q, total, min(size, 1 << 20), op) for _ in range(2))
-                    for pattern in patterns:
-                        for depth in depths:
-                            n, dt = run_point(ctrl, op, pattern, size, depth, seconds, ws_eff, into)
-                            gbps = n / dt / 1e9
-                            r = Row(mdts or ctrl.max_transfer_bytes, workers, into if op == "read" else "host", op,
-                                    pattern, size, q, depth, round(dt, 3), n,
-                                    round(gbps, 3), round(n / size / dt), round(ceilings[key], 3),
-                                    round(gbps / ceilings[key], 3))
-                            rows.append(r)
-                            print(f"mdts {format_size(r.mdts):>5} w={workers} {op:5} {pattern:4} "
-                                  f"{format_size(size):>5} q={q} "
-                                  f"qd={depth:<3} {gbps:7.3f} GB/s {r.iops:9.0f} IOPS  ceiling {r.ceiling_gbps:6.3f}"
-                                  f"  ratio {r.ratio:5.2f}", flush=True)
+                  f", {processes} client process(es) x {q} I/O queue(s), {workers} target I/O worker(s), reads into "
+                  f"{into}", file=sys.stderr)
+            clients = ClientProcesses(processes, addr, port, nqn, q) if processes > 1 else None
+            try:
+                for op in ops:
+                    for size in sizes:
+                        key = (op, q * processes, size)
+                        if key not in ceilings:
+                            total = max(256 << 20, size * q * processes * 8)
+                            ceilings[key] = max((stream.measure_cpu(q * processes, total, min(size, 1 << 20), op)
+                                                 for _ in range(2)), key=lambda c: c.gbps)
+                        ceil = ceilings[key]
+                        for pattern in patterns:
+                            for depth in depths:
+                                t0 = cpu_seconds([target_pid]) if target_pid else 0.0
+                                if clients is not None:
+                                    n, dt, ccpu = clients.run(op, pattern, size, depth, seconds, ws_eff, into)
+                                else:
+                                    c0 = _own_cpu_s()
+                                    n, dt = run_point(ctrl, op, pattern, size, depth, seconds, ws_eff, into)
+                                    ccpu = _own_cpu_s() - c0
+                                tcpu = cpu_seconds([target_pid]) - t0 if target_pid else None
+                                gbps = n / dt / 1e9
+                                gb = max(n, 1) / 1e9
+                                r = Row(mdts or ctrl.max_transfer_bytes, workers, into if op == "read" else "host",
+                                        op, pattern, size, q, depth, round(dt, 3), n,
+                                        round(gbps, 3), round(n / size / dt), round(ceil.gbps, 3),
+                                        round(gbps / ceil.gbps, 3), processes, round(ccpu / gb, 3),
+                                        None if tcpu is None else round(tcpu / gb, 3),
+                                        round(ceil.receiver_cpu_s_per_gb, 3), round(ceil.sender_cpu_s_per_gb, 3))
+                                rows.append(r)
+                                tpart = "" if tcpu is None else f" target {r.target_cpu_s_per_gb:.3f}"
+                                print(f"mdts {format_size(r.mdts):>5} w={workers} {op:5} {pattern:4} "
+                                      f"{format_size(size):>5} p={processes} q={q} "
+                                      f"qd={depth:<3} {gbps:7.3f} GB/s {r.iops:9.0f} IOPS  "
+                                      f"ceiling {r.ceiling_gbps:6.3f}"
+                                      f"  ratio {r.ratio:5.2f}  core-s/GB client {r.client_cpu_s_per_gb:.3f}{tpart}"
+                                      f" ceiling recv {r.ceiling_receiver_cpu_s_per_gb:.3f} send "
+                                      f"{r.ceiling_sender_cpu_s_per_gb:.3f}", flush=True)
+            finally:
+                if clients is not None:
+                    clients.close()
 
 
 def summarize(rows: list[Row]) -> dict:

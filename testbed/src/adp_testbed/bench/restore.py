@@ -11,9 +11,10 @@ helper + read-only helpers, as the connector's ``load_processes``) loads them ba
 staging arena in batches of ``--batch-mb``, ``--slabs`` batches in flight, through the connector's own
 restore pipeline (:class:`adp_connector.pipeline.RestorePipeline`). ``--into gpu`` scatters each landed
 slab into a GPU block tensor (the connector's host -> device copy on a side stream) before the slab is
-reused. Reported per point: GB/s, and the CPU seconds the target
-and the helpers spent (where the cycles go); the loopback stream ceiling with as many connections is
-measured in the same run.
+reused. Reported per point: GB/s, and the CPU seconds (and core-seconds per GB) the
+target and the helpers spent (where the cycles go); the loopback stream ceiling with as many connections is
+measured in the same run, with its receivers' and its sender's core-seconds per GB (what a bare ``recv_into``
+loop costs on this host: the floor for the helpers' CPU).
 """
 
 from __future__ import annotations
@@ -158,6 +159,17 @@ def save_point(group: Store, arena: SharedArena, keys: list[bytes], page: int, p
         view.release()
 
 
+def wait_arena_populated(group: Store, members: int, timeout: float = 120.0) -> None:
+    """Wait until every helper of ``group`` has faulted its arena mapping in (its start-up populate; the connector's
+    helpers do it while the engine loads), so a timed point does not pay a one-time cost per helper."""
+    deadline = time.monotonic() + timeout
+    while group.stats().get("arena_populate_done", members) < members:  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            print(f"warning: helpers' arena populate not done after {timeout:.0f} s", file=sys.stderr)
+            return
+        time.sleep(0.05)
+
+
 def main(args: argparse.Namespace) -> int:
     refuse_to_overwrite_file(args.backing, "testbed bench restore-path", args.yes_destroy)
     try:
@@ -206,6 +218,7 @@ def main(args: argparse.Namespace) -> int:
                     sgroup = StoreGroup.start(Controller.connect, (hc,), scfg, arena, readers=0, writers=w_count,
                                               timeout=60)
                     try:
+                        wait_arena_populated(sgroup, len(sgroup.pids))
                         c0t, c0w = cpu_seconds([t.proc.pid]), cpu_seconds(sgroup.pids)
                         dt = save_point(sgroup, arena, keys, page, per_batch, args.slabs)
                         tcpu, wcpu = cpu_seconds([t.proc.pid]) - c0t, cpu_seconds(sgroup.pids) - c0w
@@ -236,6 +249,7 @@ def main(args: argparse.Namespace) -> int:
                         group = StoreProcess.start(Controller.connect, (hc,), cfg, arena, timeout=60)
                         pids = [group.pid]
                     try:
+                        wait_arena_populated(group, len(pids))
                         warm = keys[:per_batch * 2]
                         restore_point(group, arena, warm, page, per_batch, args.slabs, args.into)
                         c0t, c0h = cpu_seconds([t.proc.pid]), cpu_seconds(pids)
@@ -244,20 +258,26 @@ def main(args: argparse.Namespace) -> int:
                     finally:
                         group.close()
                     conns = h_count * args.queues
-                    ceiling = stream.measure(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read")
-                    gbps = n_pages * page / dt / 1e9
+                    ceiling = stream.measure_cpu(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read")
+                    gb = n_pages * page / 1e9
+                    gbps = gb / dt
                     row = {"mdts": mdts, "target_workers": workers, "helpers": h_count,
                            "queues_per_helper": args.queues, "io_threads": args.io_threads, "into": args.into,
                            "bytes": n_pages * page,
-                           "seconds": round(dt, 3), "gbps": round(gbps, 2), "ceiling_gbps": round(ceiling, 2),
-                           "ratio": round(gbps / ceiling, 3), "target_cpu_s": round(tcpu, 2),
-                           "helpers_cpu_s": round(hcpu, 2), "fill_gbps": saves[-1]["gbps"], "saves": saves}
+                           "seconds": round(dt, 3), "gbps": round(gbps, 2), **ceiling.as_row(),
+                           "ratio": round(gbps / ceiling.gbps, 3), "target_cpu_s": round(tcpu, 2),
+                           "helpers_cpu_s": round(hcpu, 2), "helpers_cpu_s_per_gb": round(hcpu / gb, 3),
+                           "target_cpu_s_per_gb": round(tcpu / gb, 3), "fill_gbps": saves[-1]["gbps"],
+                           "saves": saves}
                     rows.append(row)
                     print(f"MDTS {mdts >> 10}K target workers {workers} helpers {h_count} x {args.queues} queues: "
                           f"restore "
                           f"{row['gbps']:6.2f} GB/s into {args.into} ({row['ratio']:.2f}x the {conns}-stream ceiling "
                           f"{row['ceiling_gbps']:.1f}); CPU s target {row['target_cpu_s']:.1f} helpers "
-                          f"{row['helpers_cpu_s']:.1f} over {row['seconds']:.2f} s", flush=True)
+                          f"{row['helpers_cpu_s']:.1f} over {row['seconds']:.2f} s; core-s/GB helpers "
+                          f"{row['helpers_cpu_s_per_gb']:.3f} target {row['target_cpu_s_per_gb']:.3f}, the ceiling's "
+                          f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
+                          f"{row['ceiling_sender_cpu_s_per_gb']:.3f}", flush=True)
     arena.close()
     O.emit_json(args, rows)
     return 0

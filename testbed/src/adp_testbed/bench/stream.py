@@ -9,12 +9,15 @@ stream, using the same primitives the NVMe/TCP client uses (``recv_into`` a prea
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 _REQ = struct.Struct("<4sQI")  # mode b"SEND"/b"RECV", total bytes, chunk size
 
@@ -55,6 +58,40 @@ def serve(host: str, port: int) -> None:
         threading.Thread(target=_serve_conn, args=(conn,), daemon=True).start()
 
 
+@dataclass(frozen=True)
+class StreamResult:
+    """One ceiling measurement: the rate, and the CPU both ends spent (kernel copies included)."""
+
+    bytes: int
+    seconds: float
+    receiver_cpu_s: float  # the receiving end's threads (user + system)
+    sender_cpu_s: float
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9
+
+    @property
+    def receiver_cpu_s_per_gb(self) -> float:
+        return self.receiver_cpu_s / (self.bytes / 1e9)
+
+    @property
+    def sender_cpu_s_per_gb(self) -> float:
+        return self.sender_cpu_s / (self.bytes / 1e9)
+
+    def as_row(self, prefix: str = "ceiling_") -> dict[str, float]:
+        """The fields a benchmark row carries (``ceiling_gbps``, ``ceiling_receiver_cpu_s_per_gb``, ...)."""
+        return {f"{prefix}gbps": round(self.gbps, 2),
+                f"{prefix}receiver_cpu_s_per_gb": round(self.receiver_cpu_s_per_gb, 3),
+                f"{prefix}sender_cpu_s_per_gb": round(self.sender_cpu_s_per_gb, 3)}
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads; Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class StreamServer:
     """Runs the stream server in a child process for the duration of a ``with`` block."""
 
@@ -79,9 +116,19 @@ class StreamServer:
 
     def measure(self, streams: int, total_bytes: int, chunk: int, mode: str = "read") -> float:
         """Aggregate GB/s of ``streams`` parallel streams moving ``total_bytes`` in all."""
+        return self.measure_cpu(streams, total_bytes, chunk, mode).gbps
+
+    def measure_cpu(self, streams: int, total_bytes: int, chunk: int, mode: str = "read") -> StreamResult:
+        """``streams`` parallel streams moving ``total_bytes`` in all: the rate and the CPU of both ends.
+
+        The client end runs here, one thread per stream, its CPU taken per thread (``time.thread_time``:
+        user + system of that thread alone); the server end is the server process (all its threads, from
+        /proc, clock-tick resolution). ``mode`` "read": the server sends, the threads here receive.
+        """
         per = total_bytes // streams
         ready = threading.Barrier(streams + 1)
         errors: list[BaseException] = []
+        thread_cpu: list[float] = []
 
         def run() -> None:
             try:
@@ -89,6 +136,7 @@ class StreamServer:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     buf = memoryview(bytearray(chunk))
                     ready.wait()
+                    c0 = time.thread_time()
                     s.sendall(_REQ.pack(b"SEND" if mode == "read" else b"RECV", per, chunk))
                     left = per
                     if mode == "read":
@@ -103,6 +151,7 @@ class StreamServer:
                             s.sendmsg([buf[:n]])
                             left -= n
                         s.recv(1)
+                    thread_cpu.append(time.thread_time() - c0)
             except BaseException as e:  # reported below
                 errors.append(e)
                 ready.abort()
@@ -110,6 +159,8 @@ class StreamServer:
         threads = [threading.Thread(target=run, daemon=True) for _ in range(streams)]
         for t in threads:
             t.start()
+        server_pid = self._proc.pid if self._proc is not None else 0
+        s0 = _process_cpu_s(server_pid) if server_pid else 0.0
         ready.wait()
         t0 = time.perf_counter()
         for t in threads:
@@ -117,7 +168,10 @@ class StreamServer:
         dt = time.perf_counter() - t0
         if errors:
             raise errors[0]
-        return per * streams / dt / 1e9
+        server = (_process_cpu_s(server_pid) - s0) if server_pid else 0.0
+        client = sum(thread_cpu)
+        recv_cpu, send_cpu = (client, server) if mode == "read" else (server, client)
+        return StreamResult(per * streams, dt, recv_cpu, send_cpu)
 
 
 def main() -> None:
