@@ -168,7 +168,7 @@ def run_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 400) ->
 
 
 _ROOT_CAUSE = re.compile(r"(NotImplementedError|Check failed|cannot serve this model safely|ValueError: |"
-                         r"AssertionError|ImportError: |ModuleNotFoundError: )")
+                         r"AssertionError|ImportError: |ModuleNotFoundError: |AttributeError: module 'triton')")
 
 
 def adp_connector(port: int, **extra: Any) -> dict[str, Any]:
