@@ -181,3 +181,58 @@ def test_026_serves_hybrids_with_its_shims_and_refuses_the_rest(monkeypatch: pyt
     monkeypatch.setattr(compat.legacy_hybrid_hits, "install", lambda: False)
     with pytest.raises(RuntimeError, match=r"cannot serve this model safely: a Mamba/GDN hybrid: .*maximum"):
         compat.check_legacy_layouts("0.26.0", _groups(GroupKind.FULL, GroupKind.STATE), hash_block_size=16)
+
+
+def _legacy_saves(mamba: GroupLayout, mamba_table: list[int], n_sched: int) -> list[tuple[int, int, bytes]]:
+    """The saves the scheduler side plans on 0.26 (block tables from the scheduler output) for one new request
+    that computes ``n_sched`` of its 64 tokens this step."""
+    from adp_connector.pipeline.counters import Counters
+
+    attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
+    cfg = SimpleNamespace(save=True, load=True, refresh_interval_s=1.0, min_hit_blocks=1, min_load_tokens=0)
+    namer = SimpleNamespace(hash_block_size=16,
+                            key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode()
+                            if j < len(hashes) else None)
+    link = SimpleNamespace(store=SimpleNamespace(contains=lambda keys: [False] * len(keys)))
+    side = SchedulerSide(cfg, [attn, mamba], namer, link, Counters(), legacy=True)  # type: ignore[arg-type]
+    req = SimpleNamespace(request_id="r", block_hashes=["h0", "h1", "h2", "h3"], num_tokens=64, num_computed_tokens=0)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ()), 0)  # type: ignore[arg-type]
+    so = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="r", block_ids=([11, 12, 13, 14], mamba_table))],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[], resumed_req_ids=set()),
+        num_scheduled_tokens={"r": n_sched}, scheduled_spec_decode_tokens={})
+    return sorted(side.build_connector_meta(so).saves)  # type: ignore[arg-type]
+
+
+def test_026_saves_every_state_in_mode_all_and_the_boundary_state_in_align() -> None:
+    attn_saves = [(0, 11, b"0:h0"), (0, 12, b"0:h1"), (0, 13, b"0:h2")]
+    assert _legacy_saves(_mamba("all"), [21, 22, 23, 24], 48) == [
+        *attn_saves, (1, 21, b"1:h0"), (1, 22, b"1:h1"), (1, 23, b"1:h2")]  # "all": every full block's state
+    assert _legacy_saves(_mamba("align"), [0, 0, 23, 0], 48) == [*attn_saves, (1, 23, b"1:h2")]
+    assert _legacy_saves(_mamba("align"), [0, 0, 0, 24], 50) == attn_saves  # control: mid-block, no state
+    assert _legacy_saves(_mamba("none"), [21, 22, 23, 24], 48) == attn_saves  # mode none: no state is stored
+
+
+def _planned_restore(mamba: GroupLayout, mamba_ids: list[int]) -> list[tuple[int, int, bytes]]:
+    """The pages a 48-token external hit (of a 64-token request, nothing local) restores."""
+    from adp_connector.pipeline.counters import Counters
+
+    attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
+    cfg = SimpleNamespace(save=True, load=True, refresh_interval_s=1.0, min_hit_blocks=1, min_load_tokens=0)
+    namer = SimpleNamespace(hash_block_size=16, key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode())
+    link = SimpleNamespace(store=SimpleNamespace(contains=lambda keys: [True] * len(keys)))
+    side = SchedulerSide(cfg, [attn, mamba], namer, link, Counters(), legacy=True)  # type: ignore[arg-type]
+    req = SimpleNamespace(request_id="r", block_hashes=["h0", "h1", "h2", "h3"], num_tokens=64, num_computed_tokens=0,
+                          skip_reading_prefix_cache=False)
+    assert side.get_num_new_matched_tokens(req, 0) == (48, True)  # type: ignore[arg-type]
+    blocks = SimpleNamespace(get_block_ids=lambda: ([11, 12, 13], mamba_ids))
+    side.update_state_after_alloc(req, blocks, 48)  # type: ignore[arg-type]
+    return sorted(side._meta_loads["r"])
+
+
+def test_a_hit_restores_every_state_in_mode_all_and_the_last_in_align() -> None:
+    attn = [(0, 11, b"0:h0"), (0, 12, b"0:h1"), (0, 13, b"0:h2")]
+    assert _planned_restore(_mamba("all"), [21, 22, 23]) == [*attn, (1, 21, b"1:h0"), (1, 22, b"1:h1"),
+                                                             (1, 23, b"1:h2")]
+    assert _planned_restore(_mamba("align"), [0, 0, 23]) == [*attn, (1, 23, b"1:h2")]
+    assert _planned_restore(_mamba("all"), [21, 0, 23]) == []  # control: a null block in "all" -> no restore

@@ -375,7 +375,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             conn["kv_connector_extra_config"]["traddr"] = args.traddr or "127.0.0.1"
             # cold: pass 2 is a LOCAL prefix-cache hit, the token-exact reference for a restored run
             spec = {"model": model, "prompts": prompts, "max_tokens": args.max_tokens, "connector": conn,
-                    "llm_kwargs": llm_kwargs, "passes": 2 if tag == "cold" else 1, "reset_between": False, "env": env}
+                    "llm_kwargs": llm_kwargs, "passes": 2 if tag == "cold" else 1, "reset_between": False, "env": env,
+                    "logprobs": 0}  # the chosen tokens' log-probabilities (informational: finer than the tokens)
             res[tag] = vm.run_subprocess(spec, work / "engines")
             if tag == "cold":
                 tgt.restart()
@@ -386,6 +387,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     n = 1 if first_token_only else args.max_tokens
     same = [r[:n] == w[:n] for r, w in zip(ref, warm["tokens"], strict=True)]
     same_full_prefill = [c[:n] == w[:n] for c, w in zip(cold["tokens"], warm["tokens"], strict=True)]
+    ref_lp, warm_lp = res["cold"]["passes"][1].get("logprobs"), warm.get("logprobs")
+    lp_diff = (max((abs(a - b) for r, w in zip(ref_lp, warm_lp, strict=True)
+                    for a, b in zip(r[:n], w[:n], strict=False)), default=0.0) if ref_lp and warm_lp else None)
     saved = {r["key"]: r["sha256"] for r in _audit(work, "cold") if r["op"] == "save"}
     loads = [r for r in _audit(work, "warm") if r["op"] == "load"]
     mismatched = sum(saved.get(r["key"]) != r["sha256"] for r in loads)
@@ -403,6 +407,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": model, "prompts": len(prompts), "prompt_tokens": sum(len(p) for p in prompts),
         "compare": "first_token" if first_token_only else "all_tokens", "outputs_identical": all(same),
         "outputs_identical_to_full_prefill": all(same_full_prefill),
+        # informational, not in the verdict: the largest difference of a generated token's log-probability from
+        # the local-hit reference (a random model's greedy tokens can survive a wrong state; its logprobs do not)
+        "logprob_max_abs_diff": None if lp_diff is None else round(lp_diff, 6),
         "cold_queries": cold["ext_queries"], "cold_hits": cold["ext_hits"],
         "warm_queries": warm["ext_queries"], "warm_hits": warm_hits, "expected_warm_hits": expected_hits,
         "hits_source": "num_cached_tokens (vLLM < 0.32)" if legacy else "vllm:external_prefix_cache_hits",
