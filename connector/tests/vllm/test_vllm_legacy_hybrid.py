@@ -172,10 +172,11 @@ def test_026_serves_hybrids_with_its_shims_and_refuses_the_rest(monkeypatch: pyt
     monkeypatch.setattr(compat.legacy_invalid_blocks, "install", lambda: True)
     monkeypatch.setattr(compat.legacy_hybrid_hits, "install", lambda: True)
     compat.check_legacy_layouts("0.26.0", _groups(GroupKind.FULL, GroupKind.STATE), hash_block_size=16)
-    compat.check_legacy_layouts("0.26.0", _groups(GroupKind.FULL, GroupKind.STATE_ALL), hash_block_size=16,
-                                speculative=True)
-    with pytest.raises(RuntimeError, match=r"cannot serve this model safely: .*'align' with speculative decoding"):
-        compat.check_legacy_layouts("0.26.0", _groups(GroupKind.FULL, GroupKind.STATE), speculative=True)
+    compat.check_legacy_layouts("0.26.0", _groups(GroupKind.FULL, GroupKind.STATE_ALL), hash_block_size=8)
+    compat.check_legacy_layouts("0.26.0", _groups(GroupKind.FULL, GroupKind.FULL), speculative=True)  # not hybrid
+    for kind in (GroupKind.STATE, GroupKind.STATE_ALL):
+        with pytest.raises(RuntimeError, match=r"cannot serve this model safely: .*with speculative decoding"):
+            compat.check_legacy_layouts("0.26.0", _groups(GroupKind.FULL, kind), speculative=True)
     with pytest.raises(RuntimeError, match=r"cannot serve this model safely: .*hashed every 8 tokens"):
         compat.check_legacy_layouts("0.26.0", _groups(GroupKind.FULL, GroupKind.STATE), hash_block_size=8)
     monkeypatch.setattr(compat.legacy_hybrid_hits, "install", lambda: False)

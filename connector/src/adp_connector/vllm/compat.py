@@ -131,9 +131,10 @@ def check_legacy_layouts(version: str, layouts: list[GroupLayout], *, hash_block
     * Mamba/GDN hybrids: with any connector 0.26 takes the local hit as the maximum over groups (0.26
       ``scheduler.py``, the ``find_longest_cache_hit_per_group`` branch), which would resume from an uncomputed
       state: :mod:`.legacy_hybrid_hits` makes it the hit every group has; refused if it cannot.
-    * Mamba "align" mode: 0.26 has no ``boundary_state_offloads``; the scheduler side reads the boundary state from
-      the block table (:meth:`.scheduler.SchedulerSide._legacy_boundary_states`), which holds only without
-      speculative blocks and with hashes at the Mamba block (no copy-on-write partial hits): else refused.
+    * Mamba states: 0.26 has no ``boundary_state_offloads``; the scheduler side reads them from the block table
+      ("align": :meth:`.scheduler.SchedulerSide._legacy_boundary_states`; "all": every full block), which holds
+      only without speculative blocks and ("align") with hashes at the Mamba block (no copy-on-write partial
+      hits): else refused.
     Per-tensor state registration is undone by :func:`state_page_view` (worker side).
     """
     kinds = {g.kind for g in layouts}
@@ -149,10 +150,9 @@ def check_legacy_layouts(version: str, layouts: list[GroupLayout], *, hash_block
         reason = ("a Mamba/GDN hybrid: 0.26 computes the local prefix hit of such a model as the maximum over its "
                   "KV-cache groups whenever a connector is attached, and its HybridKVCacheCoordinator here does not "
                   "have the lookups this connector reconciles that with (it would resume from an uncomputed state)")
-    elif align and speculative:
-        reason = ("a Mamba/GDN hybrid in mamba cache mode 'align' with speculative decoding: 0.26 reports no "
-                  "boundary states to a connector, and with speculative blocks its running state is not in the "
-                  "block the connector can tell")
+    elif hybrid and speculative:
+        reason = ("a Mamba/GDN hybrid with speculative decoding: 0.26 reports no boundary states to a connector, "
+                  "and with speculative blocks which block holds which state depends on the tokens accepted")
     elif align and hash_block_size is not None and any(hash_block_size != g.block_size for g in align):
         reason = (f"a Mamba/GDN hybrid in mamba cache mode 'align' hashed every {hash_block_size} tokens, finer "
                   f"than its Mamba block ({align[0].block_size}): 0.26 reports no boundary states to a connector, "
