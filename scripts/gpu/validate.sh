@@ -10,7 +10,8 @@
 # restore-path: `testbed bench restore-path` (helper processes x target workers, into GPU memory) under py-spy.
 # families:    `testbed verify` for swa (Gemma3), swa:mistral (all layers SWA), mla (DeepSeek-V3 MLA), dsa
 #              (DeepSeek-V3.2: MLA + indexer pages), mtp (+ MTP head: acceptance off / on); FAMILIES="..." picks
-#              others, VERIFY_ARGS adds verify options (e.g. "--block-size 16").
+#              others, VERIFY_ARGS adds verify options (e.g. "--block-size 16"; GDN without flashinfer:
+#              "--engine-kwarg gdn_prefill_backend=triton"; the state negative control: "--corrupt-state-pages").
 # restart:     scripts/gpu/restart_ttft.py (8B shape, 8k..200k tokens; baseline / cold / warm after restart).
 # agents|sweep: `testbed bench agents|sweep --preset gpu` on the 8B shape (dummy weights, `vllm serve`), arms
 #              baseline, cpu-offload (vLLM's OffloadingConnector) and adp; BENCH_ARGS adds options, e.g.
@@ -79,12 +80,13 @@ case "$what" in
       extra=""
       [ -n "$variant" ] && extra="--variant $variant"
       [ "$fam" = mtp ] && extra="--prompts 4 --max-tokens ${MTP_TOKENS:-128}"
+      rm -rf "/tmp/verify-$tag"  # a fresh card per run: a card left by an earlier call would make the cold run hit
       timeout 420 python3 -m adp_testbed.cli verify --family "$fam" $extra ${VERIFY_ARGS:-} --workdir "/tmp/verify-$tag" \
         --json "$out/verify-$tag.json" > "$out/verify-$tag.log" 2>&1
       echo "verify $tag rc=$?"
       python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print({k: v.get(k) for k in ('ok', 'outputs_identical',
         'warm_hits', 'expected_warm_hits', 'pages_compared', 'pages_mismatched', 'pages_compared_by_group', 'dsa',
-        'acceptance', 'error', 'reason')})" "$out/verify-$tag.json" 2>&1 | tail -2
+        'acceptance', 'negative_control', 'error', 'reason')})" "$out/verify-$tag.json" 2>&1 | tail -2
       grep -h "Error\|error\|slot table" "/tmp/verify-$tag/engines/"engine-*.log 2>/dev/null | grep -v "^$" | tail -3
     done
     ;;

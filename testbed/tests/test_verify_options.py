@@ -27,3 +27,27 @@ def test_every_family_has_a_plan_or_a_cuda_only_reason() -> None:
     for fam in verify.FAMILIES:
         assert fam == "mtp" or fam in verify._PLAN, fam
     assert "dsa" in verify._CUDA_ONLY and "Sparse Attention is not supported on CPU" in verify._CUDA_ONLY["dsa"]
+
+
+def test_engine_kwargs_reach_the_engine_as_json_or_strings() -> None:
+    import pytest
+
+    from adp_testbed import options as O
+
+    ns = _parse("--family", "gdn", "--engine-kwarg", "gdn_prefill_backend=triton", "--engine-kwarg",
+                "max_num_batched_tokens=512")
+    assert verify._engine_kwargs(ns.engine_kwarg) == {"gdn_prefill_backend": "triton", "max_num_batched_tokens": 512}
+    assert verify._engine_kwargs(_parse("--family", "gdn").engine_kwarg) == {}  # control: nothing added
+    with pytest.raises(O.UsageError, match="expected KEY=VALUE"):
+        verify._engine_kwargs(["gdn_prefill_backend"])
+
+
+def test_corrupting_state_pages_needs_the_local_userspace_target(tmp_path: object) -> None:
+    import pytest
+
+    from adp_testbed import options as O
+
+    ns = _parse("--family", "gdn", "--corrupt-state-pages", "--backend", "kernel", "--workdir", str(tmp_path))
+    assert ns.corrupt_state_pages
+    with pytest.raises(O.UsageError, match="needs the local userspace target"):
+        verify.run(ns)

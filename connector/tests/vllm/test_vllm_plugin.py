@@ -48,7 +48,7 @@ def test_vllm_versions_supported_and_refused() -> None:
 def test_legacy_vllm_refuses_models_it_cannot_serve_safely(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from adp_connector.vllm import legacy_invalid_blocks
+    from adp_connector.vllm import legacy_hybrid_hits, legacy_invalid_blocks
     from adp_connector.vllm.connector import _check_legacy_layouts
     from adp_connector.vllm.layouts import GroupKind, GroupLayout, LayerLayout, LayerRole
 
@@ -61,9 +61,13 @@ def test_legacy_vllm_refuses_models_it_cannot_serve_safely(monkeypatch: pytest.M
 
     _check_legacy_layouts("0.26.0", [group(0, GroupKind.FULL, "FullAttentionSpec")])  # dense: served
     _check_legacy_layouts("0.26.0", [group(0, GroupKind.MLA, "MLAAttentionSpec")])
-    with pytest.raises(RuntimeError, match="Mamba/GDN hybrid"):
-        _check_legacy_layouts("0.26.0", [group(0, GroupKind.FULL, "FullAttentionSpec"),
-                                         group(1, GroupKind.STATE, "MambaSpec")])
+    hybrid = [group(0, GroupKind.FULL, "FullAttentionSpec"), group(1, GroupKind.STATE, "MambaSpec")]
+    with monkeypatch.context() as m:  # Mamba/GDN hybrids: served where 0.26's local-hit lookup can be reconciled
+        m.setattr(legacy_hybrid_hits, "install", lambda: True)
+        _check_legacy_layouts("0.26.0", hybrid, hash_block_size=16)
+        m.setattr(legacy_hybrid_hits, "install", lambda: False)
+        with pytest.raises(RuntimeError, match="Mamba/GDN hybrid"):
+            _check_legacy_layouts("0.26.0", hybrid, hash_block_size=16)
     swa = [group(0, GroupKind.FULL, "FullAttentionSpec"), group(1, GroupKind.WINDOW, "SlidingWindowSpec")]
     _check_legacy_layouts("0.26.0", swa)  # several groups: served, with 0.26's load-error path extended
     assert getattr(Scheduler._update_requests_with_invalid_blocks, "_adp_multi_group", False)

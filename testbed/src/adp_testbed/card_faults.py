@@ -16,13 +16,14 @@ from adp_connector.store import PageStore, StoreConfig
 
 
 def corrupt_payloads(backing: str | os.PathLike[str], traddr: str, trsvcid: int, subnqn: str | None,
-                     nbytes: int = 64) -> int:
-    """Flip ``nbytes`` in the middle of each stored page's payload in ``backing``; returns the pages corrupted."""
+                     nbytes: int = 64, keys: set[bytes] | None = None) -> int:
+    """Flip ``nbytes`` in the middle of each stored page's payload in ``backing`` (only the pages of ``keys``
+    when given); returns the pages corrupted."""
     ctrl = Controller.connect(HostConfig(traddr=traddr, trsvcid=trsvcid, subnqn=subnqn))
     try:
         store = PageStore(ctrl, StoreConfig(writer=False, create=False))
         try:
-            extents = store.payload_extents()
+            extents = [e for e in store.payload_extents() if keys is None or bytes(e[0]) in keys]
         finally:
             store.close()
     finally:

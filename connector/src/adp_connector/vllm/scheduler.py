@@ -22,7 +22,7 @@ from ..pipeline.counters import Counters
 from .backend import StoreLink
 from .compat import BlockTables, publishable_hashes
 from .config import ADPConfig
-from .layouts import GroupKind, GroupLayout, best_hit
+from .layouts import PREFIX_KINDS, GroupKind, GroupLayout, best_hit
 from .metadata import ADPMetadata, PageRef
 from .naming import PageNamer
 
@@ -171,7 +171,7 @@ class SchedulerSide:
                 if bid == 0:
                     # Null block: outside the window (fine for SWA); a prefix block or the recurrent state at the
                     # boundary must exist, else restoring would leave the layer without its KV.
-                    if g.kind in (GroupKind.FULL, GroupKind.MLA, GroupKind.STATE):
+                    if g.kind in PREFIX_KINDS or g.kind is GroupKind.STATE:
                         ok = False
                     continue
                 key = self.namer.key(g, request.block_hashes, j, self._meta_hashes)
@@ -224,6 +224,7 @@ class SchedulerSide:
             return meta
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens or {}
         offloads = getattr(bs_state, "boundary_state_offloads", None) or {}
+        legacy_states = self.legacy and any(g.persists and g.kind is GroupKind.STATE for g in self.layouts)
         hashes_out = meta.block_hashes
         cand: list[PageRef] = []
         for rid, n_sched in scheduler_output.num_scheduled_tokens.items():
@@ -232,8 +233,8 @@ class SchedulerSide:
                 continue
             req = st.request
             hashes = req.block_hashes
-            done = req.num_computed_tokens + n_sched - len(spec_tokens.get(rid, ()))
-            done = min(done, publishable_hashes(req) * self.hash_block_size)
+            computed = req.num_computed_tokens + n_sched - len(spec_tokens.get(rid, ()))
+            done = min(computed, publishable_hashes(req) * self.hash_block_size)
             table = bs_state.get_block_ids(rid)
             if table is None:
                 continue
@@ -247,7 +248,10 @@ class SchedulerSide:
                     if key is not None:
                         cand.append((g.group_id, ids[j], bytes(key)))
                 st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), upto)
-            for gid, bid, boundary in offloads.get(rid, ()):
+            boundaries = offloads.get(rid, ())
+            if legacy_states:
+                boundaries = self._legacy_boundary_states(table, req.num_computed_tokens, computed)
+            for gid, bid, boundary in boundaries:
                 g = self.layouts[gid]
                 if not g.persists or g.kind is not GroupKind.STATE or boundary % g.block_size or bid == 0:
                     continue
@@ -274,6 +278,28 @@ class SchedulerSide:
             while len(self._recent_saves) > RECENT_SAVES:
                 self._recent_saves.popitem(last=False)
         return meta
+
+    def _legacy_boundary_states(self, table: list[list[int]], computed_before: int,
+                                done: int) -> list[tuple[int, int, int]]:
+        """vLLM 0.26 (no ``boundary_state_offloads``): the Mamba "align" states this step commits, as
+        ``(group, block id, boundary tokens)``.
+
+        In 0.26's "align" mode the running state of a request lives in its last block
+        (``MambaManager.allocate_new_blocks``, no speculative blocks: block ``cdiv(tokens, block) - 1`` of its
+        table, earlier positions null), and the scheduler ends prefill chunks on block boundaries
+        (``Scheduler._mamba_block_aligned_split``). A step that ends exactly on a boundary past the request's
+        computed tokens therefore leaves the state at that boundary in block ``done / block - 1``; any other step
+        commits no boundary state (a partial tail is never stored).
+        """
+        out: list[tuple[int, int, int]] = []
+        for g in self.layouts:
+            if not g.persists or g.kind is not GroupKind.STATE or done <= computed_before or done % g.block_size:
+                continue
+            ids = table[g.group_id] if g.group_id < len(table) else []
+            j = done // g.block_size - 1
+            if j < len(ids) and ids[j] != 0:
+                out.append((g.group_id, ids[j], done))
+        return out
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Remember failed restores so the recomputing request is not offered the same pages again;

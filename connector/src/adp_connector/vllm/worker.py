@@ -29,7 +29,7 @@ from ..pipeline import (
 from ..pipeline.save import DROP_COUNTER_PREFIX
 from ..store.process import SharedArena
 from .backend import StoreLink
-from .compat import KVConnectorTransferResults
+from .compat import KVConnectorTransferResults, state_page_view
 from .config import ADPConfig
 from .layouts import GroupLayout
 from .metadata import ADPMetadata, ADPWorkerMetadata, PageRef
@@ -89,7 +89,10 @@ class WorkerSide:
                     if t is None:
                         raise ValueError(f"layer {la.name} of group {g.group_id} was not registered")
                     if isinstance(t, (list, tuple)):
-                        raise ValueError(f"layer {la.name}: per-state tensor lists (vLLM < 0.32) are not supported")
+                        if not self.legacy:
+                            raise ValueError(f"layer {la.name}: per-state tensor lists are vLLM 0.26's, not this "
+                                             "release's")
+                        t = state_page_view(la.name, t)  # vLLM 0.26: one tensor per state -> the raw page view
                     if t.shape[0] != self.num_blocks:
                         raise ValueError(f"layer {la.name}: dim 0 is {t.shape[0]}, expected {self.num_blocks} "
                                          "blocks (kernel-block split or K/V-first layout)")

@@ -113,6 +113,10 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         passes.append({
             "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "num_cached": [o.num_cached_tokens for o in outs],
+            # with spec["logprobs"]: the log-probability of each generated token (a finer oracle than the tokens)
+            "logprobs": [[float(step[t].logprob) for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs,
+                                                                   strict=False)]
+                         for o in outs] if spec.get("logprobs") is not None else None,
             "seconds": dt,
             "ext_queries": metric_total(m, "vllm:external_prefix_cache_queries"),
             "ext_hits": metric_total(m, "vllm:external_prefix_cache_hits"),
@@ -168,7 +172,7 @@ def run_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 400) ->
 
 
 _ROOT_CAUSE = re.compile(r"(NotImplementedError|Check failed|cannot serve this model safely|ValueError: |"
-                         r"AssertionError|ImportError: |ModuleNotFoundError: )")
+                         r"AssertionError|ImportError: |ModuleNotFoundError: |AttributeError: module 'triton')")
 
 
 def adp_connector(port: int, **extra: Any) -> dict[str, Any]:
