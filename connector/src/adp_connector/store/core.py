@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ..device import BlockDevice, Buffer, ScatterList
 from .alloc import ExtentAllocator
+from .batches import BatchPool
 from .flush import FlushGroup
 from .format import (
     Geometry,
@@ -195,7 +196,7 @@ class StoreCore:
     _writer_id: bytes
     _instance: bytes
     _closed: bool
-    _pool: ThreadPoolExecutor
+    _pool: BatchPool
 
     def _refresh(self) -> None:
         raise NotImplementedError

@@ -92,7 +92,7 @@ class PipelineMixin(StoreCore):
                 if not h.done():
                     h._set([PageResult(k, PageStatus.ERROR, 0, repr(exc)) for k in ks])
 
-        self._pool.submit(run)
+        self._pool.submit(run, urgent=kind == "load")
         return h
 
 

@@ -13,9 +13,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from ..device import BlockDevice, Buffer
+from .batches import BatchPool
 from .core import Loc, OwnSegment, StoreConfig, StoreCore
 from .flush import FlushGroup
 from .format import (
@@ -119,7 +120,7 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
             raise ValueError("writer_id must be 16 bytes")
         self._instance = os.urandom(16)
         self._closed = False
-        self._pool = ThreadPoolExecutor(max(1, cfg.io_threads), thread_name_prefix="adpkv-store")
+        self._pool = BatchPool(cfg.io_threads, name="adpkv-store")
         if cfg.writer:
             p = self._claim()
             if p is None:
