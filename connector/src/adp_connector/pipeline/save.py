@@ -28,6 +28,11 @@ log = logging.getLogger("vllm.adp_kv.save")
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 D2H_INFLIGHT_BYTES = 1 << 30  # GPU memory of gathered save pages waiting for their device -> host copy
+# A step's pages of one group are gathered on the GPU at once, up to this much, then copied out slab by slab.
+# Gathering slab by slab launched 2-3 kernels per layer per 64 MiB: thousands per long prefill step, which filled
+# CUDA's launch queue, so the engine thread blocked in wait_for_save until the step's forward had drained
+# (GPU run 8: 78 s of the engine thread's samples on that line in a 341 s agents arm).
+GATHER_MAX_BYTES = 512 << 20
 DROP_COUNTER_PREFIX = "save_dropped_"  # pages of saves not attempted, by cause (exported with a cause label)
 DROP_CAUSES = {
     "pending_cap": "max_pending_save_mb of saves already in flight",
@@ -65,12 +70,13 @@ class SavePipeline:
     """Stage and submit saves; ``failed_keys`` collects the keys whose save failed (by their origin key)."""
 
     def __init__(self, kv: PagedKV, pool: StagingPool, counters: Counters, *, max_pending_bytes: int,
-                 slab_required: bool, audit: PageAudit | None = None) -> None:
+                 slab_required: bool, audit: PageAudit | None = None, step_gather: bool | None = None) -> None:
         self.kv = kv
         self.pool = pool
         self.counters = counters
         self.max_pending_bytes = max_pending_bytes
         self.slab_required = slab_required  # an I/O helper reads only the shared arena: no temporary buffers
+        self.step_gather = step_gather  # gather a step's pages at once (None: on a GPU, where launches cost)
         self.audit = audit
         self.pending_bytes = 0  # staged save bytes not yet written (or failed)
         self.handles: set[Any] = set()
@@ -88,15 +94,28 @@ class SavePipeline:
         """Save ``refs`` (one group) in slab-sized batches; ``origin`` maps keys to the name failures report."""
         pb = self.kv.page_bytes(gid)
         per = max(1, self.pool.slab_bytes // pb)
-        for s0 in range(0, len(refs), per):
-            self._save_chunk(store, gid, refs[s0:s0 + per], pb, origin)
+        together = self.kv.device(gid).type == "cuda" if self.step_gather is None else self.step_gather
+        span = max(per, GATHER_MAX_BYTES // pb // per * per) if together else per
+        for g0 in range(0, len(refs), span):
+            part = refs[g0:g0 + span]
+            gathered = None
+            if together and len(part) > per:  # several slabs: one gather, each slab copies its rows out
+                self._bound_d2h()
+                try:
+                    gathered = self.kv.gather_on_device(gid, [b for _, b, _ in part])
+                except Exception as exc:  # each chunk gathers (and reports) on its own then
+                    log.warning("ADP KV: gathering %d save pages failed: %s", len(part), exc)
+            for s0 in range(0, len(part), per):
+                self._save_chunk(store, gid, part[s0:s0 + per], pb, origin,
+                                 None if gathered is None else gathered[s0:s0 + per])
 
     def take_failed_keys(self) -> list[bytes]:
         with self._lock:
             keys, self._failed_keys = self._failed_keys, []
         return keys
 
-    def _save_chunk(self, store: Store, gid: int, refs: list[PageRef], pb: int, origin: dict[bytes, bytes]) -> None:
+    def _save_chunk(self, store: Store, gid: int, refs: list[PageRef], pb: int, origin: dict[bytes, bytes],
+                    gathered: torch.Tensor | None = None) -> None:
         """Stage up to one slab of pages and queue them for the store (the slab returns to the pool when written)."""
         nbytes = len(refs) * pb
         with self._lock:
@@ -114,7 +133,7 @@ class SavePipeline:
             return
         stage = buf[:nbytes].view(len(refs), pb)
         try:
-            ready = self._stage(gid, [b for _, b, _ in refs], stage)
+            ready = self._stage(gid, [b for _, b, _ in refs], stage, gathered)
         except Exception as exc:
             log.warning("ADP KV: staging a save failed: %s", exc)
             self._failed(refs, buf, nbytes, origin)
@@ -125,13 +144,10 @@ class SavePipeline:
             self._submitter.start()
         self._queue.put((ready, store, gid, refs, stage, buf, nbytes, mine))
 
-    def _stage(self, gid: int, block_ids: list[int], out: torch.Tensor) -> Any:
-        """Copy the pages into ``out``; on a GPU asynchronously (returns the CUDA event that marks the copy done)."""
-        dev = self.kv.device(gid)
-        if dev.type != "cuda":
-            self.kv.gather(gid, block_ids, out=out)
-            return None
-        while True:  # bound the GPU memory of gathers waiting for their copy (saves outrunning PCIe)
+    def _bound_d2h(self) -> None:
+        """Wait while more than D2H_INFLIGHT_BYTES of gathered pages wait for their device -> host copy (saves
+        outrunning PCIe)."""
+        while True:
             with self._lock:
                 while self._d2h_inflight and self._d2h_inflight[0][0].query():
                     self._d2h_inflight_bytes -= self._d2h_inflight.popleft()[1]
@@ -139,9 +155,22 @@ class SavePipeline:
                     break
                 oldest = self._d2h_inflight[0][0]
             oldest.synchronize()
+
+    def _stage(self, gid: int, block_ids: list[int], out: torch.Tensor, gathered: torch.Tensor | None = None) -> Any:
+        """Copy the pages into ``out``; on a GPU asynchronously (returns the CUDA event that marks the copy done).
+        ``gathered``: the pages already gathered on the GPU (rows in ``block_ids`` order)."""
+        dev = self.kv.device(gid)
+        if dev.type != "cuda":
+            if gathered is None:
+                self.kv.gather(gid, block_ids, out=out)
+            else:
+                out.copy_(gathered)
+            return None
         if self._d2h_stream is None:
             self._d2h_stream = torch.cuda.Stream(device=dev)
-        gathered = self.kv.gather_on_device(gid, block_ids)  # queued on the compute stream, after this step's forward
+        if gathered is None:
+            self._bound_d2h()
+            gathered = self.kv.gather_on_device(gid, block_ids)  # queued on the compute stream, after the forward
         compute_done = torch.cuda.Event()
         compute_done.record()
         side = self._d2h_stream
@@ -149,7 +178,7 @@ class SavePipeline:
             side.wait_event(compute_done)
             out.copy_(gathered, non_blocking=True)
             gathered.record_stream(side)  # the allocator keeps it until the copy has run
-            copied = torch.cuda.Event()
+            copied = torch.cuda.Event(blocking=True)  # the submitter thread sleeps on it instead of spinning
             copied.record(side)
         with self._lock:
             self._d2h_inflight.append((copied, out.numel()))
