@@ -264,7 +264,8 @@ def test_kernel_backend_port_follows_the_same_rule(tmp_path: Path, monkeypatch: 
 OTHER_PROGRAMS = {"--block-size", "--query-gpu", "--format", "--served-model-name", "--skip-tokenizer-init",
                   "--dtype", "--load-format", "--enable-prefix-caching", "--prefix-caching-hash-algo",
                   "--uvicorn-log-level", "--disable-uvicorn-access-log", "--enforce-eager", "--kv-cache-memory-bytes",
-                  "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--kv-transfer-config"}
+                  "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--kv-transfer-config",
+                  "--subprocesses", "--nonblocking"}  # the last two: py-spy record (bench --profile)
 
 
 def _all_options() -> set[str]:
