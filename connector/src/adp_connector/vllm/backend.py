@@ -22,6 +22,7 @@ import logging
 import socket
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from ..nvmeof.host import Controller, HostConfig
@@ -135,14 +136,13 @@ class StoreLink:
             sc.avg_page_bytes = self.page_bytes
         store: PageStore | StoreProcess | StoreGroup
         ctrl: Controller | None = None
+        wait = 2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10  # a helper's start-up
         if self.arena is None and not self._writer and c.io_process:
             if self._lookup_arena is None:
                 self._lookup_arena = SharedArena(LOOKUP_ARENA_BYTES, name="adp-kv-lookup")
-            wait = 2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10
             store = StoreProcess.start(Controller.connect, (hc,), sc, self._lookup_arena,
                                        on_exit=self._process_exited, timeout=wait)
         elif self.arena is not None:
-            wait = 2 * max(c.connect_timeout_s, 0.1) + max(c.load_timeout_s, 1.0) + 10
             savers = c.save_processes if self._writer else 1  # a read-only link claims no writer slots
             if c.load_processes > 1 or savers > 1:
                 store = StoreGroup.start(Controller.connect, (hc,), sc, self.arena,
@@ -178,7 +178,7 @@ class StoreLink:
             info = getattr(store, "info", None)
             geo = info.get("geometry") if isinstance(info, dict) else None
             if geo is not None:
-                geo = type("HelperGeometry", (), geo)
+                geo = SimpleNamespace(**geo)
         if not self.page_bytes or geo is None:
             return
         why = slot_shortfall(geo.slots_per_segment, geo.data_lbas, geo.lba_size, self.page_bytes)
