@@ -117,17 +117,21 @@ def test_header_digest_error(tgt, bystander) -> None:
 
 
 def test_h2cdata_errors(tgt, bystander) -> None:
+    # Each case on a fresh qid: a terminated queue's qid is released after its socket closes, so a
+    # Connect for the same qid right after the TermReq can race that (Linux nvmet also answers
+    # Command Sequence Error for a qid still installed).
+    qids = iter(range(2, tgt.settings.max_io_queues + 1))
     a = open_admin(tgt.address)
     with a:
         # H2CData without an R2T.
-        io = open_io(tgt.address, a.cntlid, 2)
+        io = open_io(tgt.address, a.cntlid, next(qids))
         with io:
             io.send_pdu(H2CData(9, 0, 0, bytes(512), last=True))
             term = io.expect_term()
             assert (term.fes, term.fei) == (F.INVALID_HEADER_FIELD, 10)
         # Out of range: wrong DATAO, then data past the R2T.
         for datao, length, fei in ((512, 512, 12), (0, 8192, 16)):
-            io = open_io(tgt.address, a.cntlid, 2)
+            io = open_io(tgt.address, a.cntlid, next(qids))
             with io:
                 cid = io.submit(rw_cmd(IoOpcode.WRITE, 1, 0, 1, 4096))
                 r2t = io.recv_pdu()
@@ -135,14 +139,14 @@ def test_h2cdata_errors(tgt, bystander) -> None:
                 term = io.expect_term()
                 assert (term.fes, term.fei) == (F.DATA_TRANSFER_OUT_OF_RANGE, fei)
         # Wrong CCCID for a valid TTAG.
-        io = open_io(tgt.address, a.cntlid, 2)
+        io = open_io(tgt.address, a.cntlid, next(qids))
         with io:
             cid = io.submit(rw_cmd(IoOpcode.WRITE, 1, 0, 1, 4096))
             r2t = io.recv_pdu()
             io.send_pdu(H2CData(cid + 1, r2t.ttag, 0, bytes(4096), last=True))
             assert io.expect_term().fei == 8
         # In-capsule data beyond every limit: Data Transfer Limit Exceeded.
-        io = open_io(tgt.address, a.cntlid, 2)
+        io = open_io(tgt.address, a.cntlid, next(qids))
         with io:
             n = tgt.settings.in_capsule_bytes + 16384  # past the I/O queue's advertised in-capsule size
             io.submit(rw_cmd(IoOpcode.WRITE, 1, 0, n // 4096, n, in_capsule=True), bytes(n))
