@@ -846,6 +846,43 @@ def test_lookups_cost_nothing_when_there_is_nothing_to_gain(monkeypatch: pytest.
         tgt.stop()
 
 
+def test_a_hit_the_card_serves_slower_than_a_recompute_is_recomputed() -> None:
+    """restore_policy auto: once this engine measured a card slower than its prefill (here 1 MB/s against
+    1M tokens/s), a hit is recomputed and counted in ``restores_declined``; ``always`` (the control) offers the
+    same hit, and so does auto before anything is measured."""
+    from adp_connector.pipeline.policy import MIN_SAMPLES
+
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+        hashes = _cold_save(sched, worker)
+        policy = sched.scheduler_side.policy
+        assert policy is not None  # auto is the default
+        assert sched.get_num_new_matched_tokens(_request("r2", hashes, 13), 0) == (12, True)  # nothing measured
+        for i in range(MIN_SAMPLES + 1):  # 1M tokens/s of prefill
+            policy.on_step(float(i), 1_000_000, 0)
+        for i in range(MIN_SAMPLES):  # 1 MB/s from the card
+            policy.on_restore_planned(f"m{i}", 1 << 20, 10.0 + i)
+            policy.on_restore_done(f"m{i}", 11.0 + i)
+        assert sched.get_num_new_matched_tokens(_request("r3", hashes, 13), 0) == (0, False)
+        assert sched.counters["restores_declined"] == 1
+        sched.cfg = sched.scheduler_side.cfg = conn_cfg(sched.cfg, restore_policy="always")
+        sched.scheduler_side.policy = None  # as the connector builds it for "always"
+        assert sched.get_num_new_matched_tokens(_request("r4", hashes, 13), 0) == (12, True)  # control
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+def test_restore_policy_is_checked_at_start_up() -> None:
+    from adp_connector.vllm.config import ConfigError, parse_config
+
+    assert parse_config({"restore_policy": "always"}).restore_policy == "always"
+    with pytest.raises(ConfigError, match="restore_policy'] must be one of auto, always"):
+        parse_config({"restore_policy": "sometimes"})
+
+
 def conn_cfg(cfg: Any, **changes: Any) -> Any:
     import dataclasses
 

@@ -42,6 +42,7 @@ class ADPConfig:
     staging_mb: int = 4096
     min_hit_blocks: int = 1
     min_load_tokens: int = 0
+    restore_policy: str = "auto"
     io_threads: int = 2
     io_process: bool = True
     load_processes: int = 1
@@ -77,6 +78,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
     "min_load_tokens": ((int,), "no restore (and no extra engine step) when it adds fewer tokens than this beyond "
                         "the local prefix hit: they are recomputed (0: any gain of a block or more)"),
+    "restore_policy": ((str,), "auto: restore a hit only while the card, with the restores ahead of it, delivers it "
+                       "sooner than the GPU recomputes it with the prefills ahead of it (both rates measured by this "
+                       "engine; declined hits counted in restores_declined); always: restore every hit"),
     "io_threads": ((int,), "concurrent store batches per process"),
     "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
@@ -101,6 +105,7 @@ _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "ref
 
 
 MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; each writer helper holds one
+RESTORE_POLICIES = ("auto", "always")
 MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devices need no more)
 
 # Options whose default comes from the host (host_defaults) when kv_connector_extra_config leaves them out.
@@ -203,6 +208,9 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
                           f"or >= {MIN_IO_KIB} (a command moves whole 4 KiB LBAs), got {cfg.max_io_kib}")
     if not cfg.traddr:
         raise ConfigError("ADPConnector: traddr must not be empty")
+    if cfg.restore_policy not in RESTORE_POLICIES:
+        raise ConfigError(f"ADPConnector: kv_connector_extra_config['restore_policy'] must be one of "
+                          f"{', '.join(RESTORE_POLICIES)}, got {cfg.restore_policy!r}")
     return cfg
 
 

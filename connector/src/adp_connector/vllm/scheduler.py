@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..pipeline.counters import Counters
+from ..pipeline.policy import RestorePolicy
 from .backend import StoreLink
 from .compat import BlockTables, publishable_hashes
 from .config import ADPConfig
@@ -80,6 +81,7 @@ class SchedulerSide:
         # step a request waits (for blocks, or behind others), and each ask is a round trip to the lookup helper
         self._last_lookup: dict[str, tuple[float, int, int, dict[int, list[bool]]]] = {}
         self._lost_gen = 0  # bumped whenever the workers report keys gone: a reused answer may not hide them
+        self.policy = RestorePolicy() if cfg.restore_policy == "auto" else None
 
     # ------------------------------------------------------------------ lookups and restores
 
@@ -127,9 +129,26 @@ class SchedulerSide:
             self.counters.add(async_loads_skipped=1)
             self._pending_hit.pop(rid, None)
             return 0, False
+        if self.policy is not None:
+            choice = self.policy.choose(hit - num_computed_tokens, self._hit_bytes(num_computed_tokens, hit))
+            if not choice.restore:
+                self.counters.add(restores_declined=1)
+                log.debug("ADP KV: %s recomputes its %d-token hit (restore ~%.2f s, recompute ~%.2f s)", rid,
+                          hit - num_computed_tokens, choice.restore_s, choice.recompute_s)
+                self._pending_hit.pop(rid, None)
+                return 0, False
         self._pending_hit[rid] = hit
         log.debug("ADP KV: %s external hit %d tokens (local %d)", rid, hit, num_computed_tokens)
         return hit - num_computed_tokens, True
+
+    def _hit_bytes(self, start: int, hit: int) -> int:
+        """Bytes of the pages a restore of tokens ``start..hit`` reads."""
+        total = 0
+        for g in self.layouts:
+            if g.persists:
+                first = start // g.block_size
+                total += sum(1 for j in g.needed_blocks(hit // g.block_size) if j >= first) * g.page_bytes
+        return total
 
     def _lookup_keys(self, rid: str, g: GroupLayout, hashes: list, nblk: int) -> list[bytes]:
         """Keys of ``g``'s first ``nblk`` blocks (fewer if their hashes are not known yet), derived once per
@@ -187,6 +206,9 @@ class SchedulerSide:
         self._meta_zero[rid] = zero
         self._meta_load_blocks[rid] = fail_blocks
         self._planned[rid] = [k for _, _, k in pages]
+        if self.policy is not None and pages:
+            page_bytes = {g.group_id: g.page_bytes for g in self.layouts}
+            self.policy.on_restore_planned(rid, sum(page_bytes[gid] for gid, _, _ in pages), time.monotonic())
 
     def _is_lost(self, key: bytes) -> bool:
         """True while the workers' report that ``key`` is not on the card is newer than the index can be."""
@@ -207,10 +229,28 @@ class SchedulerSide:
         meta = ADPMetadata(loads=self._meta_loads, zero=self._meta_zero,
                            load_blocks=self._meta_load_blocks if self.legacy else {}, block_hashes=self._meta_hashes)
         self._meta_loads, self._meta_zero, self._meta_load_blocks = {}, {}, {}
+        if self.policy is not None:
+            self._observe_step(scheduler_output)
         try:  # the saves planned below add their block hashes to meta.block_hashes (TP > 1)
             return self._plan_saves(scheduler_output, meta)
         finally:
             self._meta_hashes = {}
+
+    def _observe_step(self, scheduler_output: SchedulerOutput) -> None:
+        """Feed the restore policy this step's scheduled tokens and the prompt tokens the GPU still has to prefill
+        (admitted requests not waiting for a restore)."""
+        assert self.policy is not None
+        sched = scheduler_output.num_scheduled_tokens
+        queued = 0
+        for rid, st in self._reqs.items():
+            if rid in self._planned:
+                continue
+            req = st.request
+            left = getattr(req, "num_prompt_tokens", 0) - req.num_computed_tokens - sched.get(rid, 0)
+            if left > 0:
+                queued += left
+        total = getattr(scheduler_output, "total_num_scheduled_tokens", None)
+        self.policy.on_step(time.monotonic(), int(total if total is not None else sum(sched.values())), queued)
 
     def _plan_saves(self, scheduler_output: SchedulerOutput, meta: ADPMetadata) -> ADPMetadata:
         """Add the blocks this step fills (and the Mamba boundary states it offers) to ``meta.saves``."""
@@ -333,6 +373,10 @@ class SchedulerSide:
         for rid in getattr(connector_output, "finished_recving", None) or ():
             if rid not in (failed or ()):
                 self._planned.pop(rid, None)
+        if self.policy is not None:
+            now = time.monotonic()
+            for rid in (*failed, *(getattr(connector_output, "finished_recving", None) or ())):
+                self.policy.on_restore_done(rid, now)
 
     def request_finished(self, rid: str) -> None:
         """Forget a finished request (its saves were staged when its blocks were computed)."""
@@ -343,3 +387,5 @@ class SchedulerSide:
         self._planned.pop(rid, None)
         self._pending_hit.pop(rid, None)
         self._failed.discard(rid)
+        if self.policy is not None:
+            self.policy.forget(rid)

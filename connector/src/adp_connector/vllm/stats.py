@@ -29,6 +29,7 @@ COUNTERS = (
     "lookups", "lookup_hit_tokens", "loads", "loads_ok", "load_fallbacks", "verify_failures", "pages_loaded",
     "bytes_loaded", "load_s", "saves", "pages_saved", "bytes_saved", "save_s", "saves_dropped", "save_errors",
     "store_unavailable", "saves_deduped", "async_loads_skipped", "lookups_reused",
+    "restores_declined",
 )
 
 
