@@ -37,9 +37,12 @@ printf '[vllm.general_plugins]\nadp_kv_connector = adp_connector.vllm:register\n
 export PYTHONPATH="/tmp/site-adp:${PYTHONPATH:-}:$root/wire/src:$root/connector/src:$root/emulator/src:$root/testbed/src"
 export PYTHONHASHSEED=0 ADP_KV_CACHE=/tmp/adp-kv-cache PATH="/tmp/site-adp/bin:$PATH"
 case "$what" in
-  gpu-unit)  # only the connector's GPU data-path tests (a subset of correctness)
+  gpu-unit)  # only the connector's GPU data-path tests (a subset of correctness), and the vLLM-free pipelines'
+             # tests, whose save tests run on the GPU too (step-wide gathers, pinned slabs)
     PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 120 python3 -m pytest -q -p no:cacheprovider \
       "$root/connector/tests/vllm/test_vllm_connector_unit.py" -k "gpu or strided" 2>&1 | tail -4 | tee "$out/gpu-unit.txt"
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 180 python3 -m pytest -q -p no:cacheprovider -rs \
+      "$root/connector/tests/pipeline" 2>&1 | tail -6 | tee -a "$out/gpu-unit.txt"
     ;;
   correctness)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
@@ -71,24 +74,55 @@ case "$what" in
     ;;
   families)  # issue #7 item 1 / issue 16: `testbed verify` per family (random weights, cold -> restart -> warm,
              # every restored page compared); mtp also measures acceptance with the connector off / saving / restoring.
-             # FAMILIES entries: a family, or family:variant (swa:mistral = the all-SWA model); dsa checks that the
-             # compared pages hold the indexer keys. Two commands fit the 10-minute limit, e.g.
-             # FAMILIES="swa swa:mistral dsa" and FAMILIES="mla mtp".
-    for entry in ${FAMILIES:-swa swa:mistral mla dsa mtp}; do
+             # FAMILIES entries: family[:variant][+control]: swa:mistral = the all-SWA model; +corrupt = the negative
+             # control that corrupts every stored page (--corrupt-pages), +corrupt-states only the recurrent states
+             # (--corrupt-state-pages); both must FAIL. dsa checks that the compared pages hold the indexer keys.
+             # gdn entries add GDN_ARGS (default: the triton prefill, the wheel set has no flashinfer).
+             # FAMILY_JOBS=N runs N entries at once on the one GPU (each engine then gets
+             # gpu_memory_utilization FAMILY_GPU_SHARE, default 0.9/N: the models are tiny, the KV cache 256 MiB;
+             # and staging_mb 1024).
+    jobs=${FAMILY_JOBS:-1}
+    share=${FAMILY_GPU_SHARE:-$(python3 -c "print(round(0.9 / $jobs, 3))")}
+    one_family() {  # entry -> verify-<tag>.json/.log, then a one-line summary
+      local entry=$1 control="" fam variant tag extra
+      case "$entry" in *+*) control=${entry#*+}; entry=${entry%%+*} ;; esac
       fam=${entry%%:*}; variant=""; [ "$fam" != "$entry" ] && variant=${entry#*:}
-      tag=$fam${variant:+-$variant}
+      tag=$fam${variant:+-$variant}${control:+-$control}
       extra=""
       [ -n "$variant" ] && extra="--variant $variant"
       [ "$fam" = mtp ] && extra="--prompts 4 --max-tokens ${MTP_TOKENS:-128}"
+      [ "$fam" = gdn ] && extra="$extra ${GDN_ARGS---engine-kwarg gdn_prefill_backend=triton}"
+      [ "$control" = corrupt ] && extra="$extra --corrupt-pages"
+      [ "$control" = corrupt-states ] && extra="$extra --corrupt-state-pages"
+      # several at once: a share of the GPU each, and 1 GiB of pinned staging (the host default, RAM / 16, times
+      # N engines would pin half the host's memory; a verify restores a few MB)
+      [ "$jobs" -gt 1 ] && extra="$extra --engine-kwarg gpu_memory_utilization=$share --connector-opt staging_mb=1024"
       rm -rf "/tmp/verify-$tag"  # a fresh card per run: a card left by an earlier call would make the cold run hit
-      timeout 420 python3 -m adp_testbed.cli verify --family "$fam" $extra ${VERIFY_ARGS:-} --workdir "/tmp/verify-$tag" \
-        --json "$out/verify-$tag.json" > "$out/verify-$tag.log" 2>&1
-      echo "verify $tag rc=$?"
-      python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print({k: v.get(k) for k in ('ok', 'outputs_identical',
-        'warm_hits', 'expected_warm_hits', 'pages_compared', 'pages_mismatched', 'pages_compared_by_group', 'dsa',
-        'acceptance', 'negative_control', 'error', 'reason')})" "$out/verify-$tag.json" 2>&1 | tail -2
-      grep -h "Error\|error\|slot table" "/tmp/verify-$tag/engines/"engine-*.log 2>/dev/null | grep -v "^$" | tail -3
+      local t0=$SECONDS
+      timeout "${FAMILY_TIMEOUT:-420}" python3 -m adp_testbed.cli verify --family "$fam" $extra ${VERIFY_ARGS:-} \
+        --workdir "/tmp/verify-$tag" --json "$out/verify-$tag.json" > "$out/verify-$tag.log" 2>&1
+      local rc=$?
+      {
+        echo "verify $tag rc=$rc ($((SECONDS - t0)) s)"
+        python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print({k: v.get(k) for k in ('ok',
+          'outputs_identical', 'warm_hits', 'expected_warm_hits', 'pages_compared', 'pages_mismatched',
+          'pages_compared_by_group', 'dsa', 'acceptance', 'negative_control', 'error', 'reason')})" \
+          "$out/verify-$tag.json" 2>&1 | tail -2
+        grep -h "Error\|error\|slot table" "/tmp/verify-$tag/engines/"engine-*.log 2>/dev/null | grep -v "^$" | tail -3
+      } > "$out/summary-$tag.txt"
+      cat "$out/summary-$tag.txt"
+    }
+    running=0
+    for entry in ${FAMILIES:-swa swa:mistral mla dsa mtp}; do
+      if [ "$jobs" -gt 1 ]; then
+        one_family "$entry" &
+        running=$((running + 1))
+        if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+      else
+        one_family "$entry"
+      fi
     done
+    wait
     ;;
   restart)
     python3 "$root/scripts/gpu/restart_ttft.py" --out "$out" ${RESTART_ARGS:-}

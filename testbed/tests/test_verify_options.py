@@ -51,3 +51,31 @@ def test_corrupting_state_pages_needs_the_local_userspace_target(tmp_path: objec
     assert ns.corrupt_state_pages
     with pytest.raises(O.UsageError, match="needs the local userspace target"):
         verify.run(ns)
+
+
+def test_corrupting_every_page_needs_the_local_target_and_excludes_the_state_control(tmp_path: object) -> None:
+    import pytest
+
+    from adp_testbed import options as O
+
+    ns = _parse("--family", "mla", "--corrupt-pages", "--target", "10.0.0.1:4420", "--workdir", str(tmp_path))
+    assert ns.corrupt_pages and not ns.corrupt_state_pages
+    O.resolve_target(ns)  # as verify.main does
+    with pytest.raises(O.UsageError, match="--corrupt-pages needs the local userspace target"):
+        verify.run(ns)
+    both = _parse("--family", "gdn", "--corrupt-pages", "--corrupt-state-pages", "--workdir", str(tmp_path))
+    with pytest.raises(O.UsageError, match="give one of"):
+        verify.run(both)
+
+
+def test_connector_opts_are_checked_before_any_engine_starts(tmp_path: object) -> None:
+    import pytest
+
+    from adp_testbed import options as O
+
+    ns = _parse("--family", "dense", "--connector-opt", "staging_mb=1024", "--connector-opt", "restore_policy=always")
+    assert verify._connector_opts(ns.connector_opt) == {"staging_mb": 1024, "restore_policy": "always"}
+    assert verify._connector_opts([]) == {}  # control: nothing added
+    bad = _parse("--family", "dense", "--connector-opt", "staging_mb=lots", "--workdir", str(tmp_path))
+    with pytest.raises(O.UsageError, match=r"--connector-opt: .*staging_mb"):
+        verify.run(bad)

@@ -93,10 +93,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="extra vLLM engine argument (LLM keyword; VALUE parsed as JSON, else a string), "
                              "repeatable, e.g. gdn_prefill_backend=triton (GDN on a GPU without flashinfer)")
+    parser.add_argument("--connector-opt", action="append", default=[], metavar="KEY=VALUE",
+                        help="ADPConnector option for every engine of the run (repeatable, e.g. staging_mb=1024; "
+                             "names: docs/connector.md); the options verify sets itself (audit_path, subnqn, and "
+                             "verify for a negative control) take precedence")
     parser.add_argument("--corrupt-state-pages", action="store_true",
                         help="negative control (userspace target): flip bytes of every stored recurrent-state page "
                              "(Mamba/GDN groups) before the warm run, which restores them unverified "
                              "(verify=false): the verdict must FAIL")
+    parser.add_argument("--corrupt-pages", action="store_true",
+                        help="negative control (userspace target): flip bytes of every page the cold run stored, of "
+                             "every group (attention, MLA, indexer, state), before the warm run, which restores them "
+                             "unverified: the verdict must FAIL")
+
+
+def _connector_opts(items: list[str]) -> dict[str, Any]:
+    """``--connector-opt KEY=VALUE`` items as connector options, checked as the connector checks them."""
+    from adp_connector.vllm.config import ConfigError, parse_config
+
+    opts = _engine_kwargs(items, flag="--connector-opt")
+    try:
+        parse_config(opts)
+    except ConfigError as e:
+        raise O.UsageError(f"testbed verify: --connector-opt: {e}") from None
+    return opts
 
 
 def _with_block_size(llm_kwargs: dict[str, Any], block_size: int | None) -> dict[str, Any]:
@@ -104,13 +124,13 @@ def _with_block_size(llm_kwargs: dict[str, Any], block_size: int | None) -> dict
     return dict(llm_kwargs, block_size=block_size) if block_size else llm_kwargs
 
 
-def _engine_kwargs(items: list[str]) -> dict[str, Any]:
+def _engine_kwargs(items: list[str], flag: str = "--engine-kwarg") -> dict[str, Any]:
     """``--engine-kwarg KEY=VALUE`` items as LLM keywords (VALUE as JSON where it parses, else the string)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise O.UsageError(f"testbed verify: --engine-kwarg {item!r}: expected KEY=VALUE")
+            raise O.UsageError(f"testbed verify: {flag} {item!r}: expected KEY=VALUE")
         try:
             out[key.strip()] = json.loads(raw)
         except ValueError:
@@ -230,8 +250,10 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
     ps = vm.prompts(3 * n, args.prompt_len)
     a, b, c = ps[:n], ps[n:2 * n], ps[2 * n:]
 
+    copts = _connector_opts(getattr(args, "connector_opt", None) or [])
+
     def conn(tag: str, **opts: Any) -> dict[str, Any]:
-        extra: dict[str, Any] = {"audit_path": str(work / f"audit-{tag}"), **opts}
+        extra: dict[str, Any] = {**copts, "audit_path": str(work / f"audit-{tag}"), **opts}
         if tgt.subnqn:
             extra["subnqn"] = tgt.subnqn
         cfg = vm.adp_connector(tgt.port, **extra)
@@ -242,8 +264,9 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
     eng = work / "engines"
     # one request per step: every engine prefills a prompt with the same shapes (else bf16 rounding differs)
     bsz = getattr(args, "block_size", None)
-    on = _with_block_size(dict(_MTP, max_num_seqs=1), bsz)
-    off = _with_block_size({"max_num_seqs": 1}, bsz)
+    extra_kw = _engine_kwargs(getattr(args, "engine_kwarg", None) or [])
+    on = _with_block_size(dict(_MTP, max_num_seqs=1, **extra_kw), bsz)
+    off = _with_block_size({"max_num_seqs": 1, **extra_kw}, bsz)
     no_drafter = {"store_drafter_kv": False}
     r0 = vm.run_subprocess(dict(base, prompts=a, pass_prompts=[a, b, c], llm_kwargs=on), eng)
     r1 = vm.run_subprocess(dict(base, prompts=a, llm_kwargs=on, connector=conn("e1")), eng)
@@ -302,16 +325,20 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
     return v
 
 
-def _corrupt_state_pages(work: Path, tgt: _Target) -> int:
-    """Flip bytes in the payload of every recurrent-state page the cold run saved (the negative control)."""
+def _corrupt_stored_pages(work: Path, tgt: _Target, states_only: bool) -> int:
+    """Flip bytes in the payload of every page the cold run saved, or of its recurrent-state pages only (the
+    negative controls); returns the pages corrupted."""
     from .card_faults import corrupt_payloads
 
     logs = sorted((work / "engines").glob("engine-*.log"), key=lambda f: int(f.stem.split("-")[1]))
     state_groups = {g["group"] for g in (_connector_groups(logs[-1]) if logs else [])
                     if g["kind"] in ("state", "state_all")}
-    keys = {bytes.fromhex(r["key"]) for r in _audit(work, "cold") if r["op"] == "save" and r["group"] in state_groups}
+    keys = {bytes.fromhex(r["key"]) for r in _audit(work, "cold")
+            if r["op"] == "save" and (not states_only or r["group"] in state_groups)}
     if not keys:
-        raise RuntimeError("--corrupt-state-pages: the cold run saved no recurrent-state page to corrupt")
+        what = "recurrent-state page" if states_only else "page"
+        flag = "--corrupt-state-pages" if states_only else "--corrupt-pages"
+        raise RuntimeError(f"{flag}: the cold run saved no {what} to corrupt")
     # every byte of each state page: a few flipped bytes of one head's state can leave a random model's greedy
     # tokens unchanged (measured on GDN: 64 bytes of 68 KiB pages), a whole garbage state cannot
     return corrupt_payloads(work / "card.img", "127.0.0.1", int(tgt.port or 0), tgt.subnqn, nbytes=1 << 30,
@@ -323,10 +350,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fam = args.family
     if fam in _CUDA_ONLY and not _cuda():
         return {"family": fam, "ok": False, "runnable": False, "reason": _CUDA_ONLY[fam]}
-    corrupt = bool(getattr(args, "corrupt_state_pages", False))
+    corrupt_states = bool(getattr(args, "corrupt_state_pages", False))
+    corrupt_all = bool(getattr(args, "corrupt_pages", False))
+    corrupt = corrupt_states or corrupt_all
+    flag = "--corrupt-pages" if corrupt_all else "--corrupt-state-pages"
+    if corrupt_states and corrupt_all:
+        raise O.UsageError("testbed verify: give one of --corrupt-state-pages and --corrupt-pages")
     if corrupt and (args.trsvcid is not None or args.backend != "user" or fam == "mtp"):
-        raise O.UsageError("testbed verify: --corrupt-state-pages needs the local userspace target (its backing "
+        raise O.UsageError(f"testbed verify: {flag} needs the local userspace target (its backing "
                            "file is what is corrupted; a card is never touched) and a family other than mtp")
+    copts = _connector_opts(getattr(args, "connector_opt", None) or [])  # a bad option fails before any engine
     vm = _models()
     if fam == "mtp":
         work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="adp-verify-mtp-"))
@@ -365,11 +398,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
         for tag in ("cold", "warm"):
-            extra: dict[str, Any] = {"audit_path": str(work / f"audit-{tag}")}
+            extra: dict[str, Any] = {**copts, "audit_path": str(work / f"audit-{tag}")}
             if tgt.subnqn:
                 extra["subnqn"] = tgt.subnqn
             if tag == "warm" and corrupt:
-                corrupted = _corrupt_state_pages(work, tgt)
+                corrupted = _corrupt_stored_pages(work, tgt, states_only=corrupt_states)
                 extra["verify"] = False  # the corrupted bytes reach the KV cache, as past a checksum
             conn = vm.adp_connector(tgt.port, **extra)
             conn["kv_connector_extra_config"]["traddr"] = args.traddr or "127.0.0.1"
@@ -435,7 +468,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         verdict["dsa"] = _dsa_pages_cover_indexer(model, verdict["groups"])
         covered = verdict["dsa"]["indexer_in_pages"]
     if corrupted is not None:
-        verdict["negative_control"] = {"corrupted_state_pages": corrupted, "restored_unverified": True}
+        verdict["negative_control"] = {"corrupted_state_pages" if corrupt_states else "corrupted_pages": corrupted,
+                                       "restored_unverified": True}
     if legacy:  # 0.26 drops the counters of steps without outputs (every chunk but a prompt's last): ask the engine
         cold_totals = vm.connector_totals(work / "audit-cold")
         verdict["cold_lookups"] = cold_totals.get("lookups", 0)

@@ -11,8 +11,10 @@ interpreter that has those can run it by path, without adp_testbed installed:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -234,8 +236,23 @@ def ensure_model(family: str) -> Path:
     if family in ("mla", "mtp") and _on_gpu():
         over, name = dict(over, **MLA_GPU), name + "-gpu"
     out = cache_dir() / name
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+    if _complete(out):
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # one writer per model: runs started together (validate.sh families with FAMILY_JOBS) wait for the first
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _complete(out):
+            _generate(family, cfg_cls, model_cls, over, out)
+    return out
+
+
+def _complete(out: Path) -> bool:
+    return (out / "config.json").exists() and any(out.glob("*.safetensors"))
+
+
+def _generate(family: str, cfg_cls: str, model_cls: str, over: dict[str, Any], out: Path) -> None:
+    """Write the random-weight checkpoint of ``family`` to ``out`` (through a temporary directory)."""
     import torch
     import transformers
 
@@ -251,8 +268,9 @@ def ensure_model(family: str) -> Path:
     if family == "dsa":
         _add_dsa_indexer(tmp)
     _unfuse_experts(tmp)
+    if out.exists():  # an incomplete directory left by a run that was killed
+        shutil.rmtree(out)
     tmp.rename(out)
-    return out
 
 
 
