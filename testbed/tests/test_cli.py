@@ -176,6 +176,9 @@ def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
                for r in rows)
     assert all(r["helpers_cpu_s_per_gb"] > 0 and r["ceiling_receiver_cpu_s_per_gb"] > 0
                and r["ceiling_sender_cpu_s_per_gb"] > 0 for r in rows)
+    # user + system is the total (rounding aside), each part measured: a helper both copies and computes
+    assert all(abs(r["helpers_user_s_per_gb"] + r["helpers_sys_s_per_gb"] - r["helpers_cpu_s_per_gb"]) < 0.01
+               and r["helpers_user_s_per_gb"] > 0 and r["helpers_sys_s_per_gb"] >= 0 for r in rows)
     assert "restore" in capsys.readouterr().out
 
 

@@ -61,9 +61,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of ``pids`` and their live descendants (Linux /proc)."""
+    return sum(cpu_split(pids))
+
+
+def cpu_split(pids: list[int]) -> tuple[float, float]:
+    """(user, system) CPU seconds of ``pids`` and their live descendants (Linux /proc): system time is the kernel's
+    work for them (socket copies, syscalls, page faults), user time their own code (Python, checksums)."""
     tick = os.sysconf("SC_CLK_TCK")
     kids: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
+    cpu: dict[int, tuple[float, float]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -72,16 +78,18 @@ def cpu_seconds(pids: list[int]) -> float:
         except OSError:
             continue
         kids.setdefault(int(fields[1]), []).append(int(d))
-        cpu[int(d)] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo, seen = 0.0, list(pids), set()
+        cpu[int(d)] = (int(fields[11]) / tick, int(fields[12]) / tick)
+    user = system = 0.0
+    todo, seen = list(pids), set()
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
-        total += cpu.get(p, 0.0)
+        u, s_ = cpu.get(p, (0.0, 0.0))
+        user, system = user + u, system + s_
         todo += kids.get(p, [])
-    return total
+    return user, system
 
 
 class _Discard:
@@ -252,9 +260,12 @@ def main(args: argparse.Namespace) -> int:
                         wait_arena_populated(group, len(pids))
                         warm = keys[:per_batch * 2]
                         restore_point(group, arena, warm, page, per_batch, args.slabs, args.into)
-                        c0t, c0h = cpu_seconds([t.proc.pid]), cpu_seconds(pids)
+                        c0t, c0h = cpu_split([t.proc.pid]), cpu_split(pids)
                         dt = restore_point(group, arena, keys, page, per_batch, args.slabs, args.into)
-                        tcpu, hcpu = cpu_seconds([t.proc.pid]) - c0t, cpu_seconds(pids) - c0h
+                        c1t, c1h = cpu_split([t.proc.pid]), cpu_split(pids)
+                        t_user, t_sys = c1t[0] - c0t[0], c1t[1] - c0t[1]
+                        h_user, h_sys = c1h[0] - c0h[0], c1h[1] - c0h[1]
+                        tcpu, hcpu = t_user + t_sys, h_user + h_sys
                     finally:
                         group.close()
                     conns = h_count * args.queues
@@ -267,15 +278,20 @@ def main(args: argparse.Namespace) -> int:
                            "seconds": round(dt, 3), "gbps": round(gbps, 2), **ceiling.as_row(),
                            "ratio": round(gbps / ceiling.gbps, 3), "target_cpu_s": round(tcpu, 2),
                            "helpers_cpu_s": round(hcpu, 2), "helpers_cpu_s_per_gb": round(hcpu / gb, 3),
-                           "target_cpu_s_per_gb": round(tcpu / gb, 3), "fill_gbps": saves[-1]["gbps"],
-                           "saves": saves}
+                           "target_cpu_s_per_gb": round(tcpu / gb, 3),
+                           # where the CPU goes: user = Python and checksums, system = the kernel (socket copies)
+                           "helpers_user_s_per_gb": round(h_user / gb, 3), "helpers_sys_s_per_gb": round(h_sys / gb, 3),
+                           "target_user_s_per_gb": round(t_user / gb, 3), "target_sys_s_per_gb": round(t_sys / gb, 3),
+                           "fill_gbps": saves[-1]["gbps"], "saves": saves}
                     rows.append(row)
                     print(f"MDTS {mdts >> 10}K target workers {workers} helpers {h_count} x {args.queues} queues: "
                           f"restore "
                           f"{row['gbps']:6.2f} GB/s into {args.into} ({row['ratio']:.2f}x the {conns}-stream ceiling "
                           f"{row['ceiling_gbps']:.1f}); CPU s target {row['target_cpu_s']:.1f} helpers "
                           f"{row['helpers_cpu_s']:.1f} over {row['seconds']:.2f} s; core-s/GB helpers "
-                          f"{row['helpers_cpu_s_per_gb']:.3f} target {row['target_cpu_s_per_gb']:.3f}, the ceiling's "
+                          f"{row['helpers_cpu_s_per_gb']:.3f} (user {row['helpers_user_s_per_gb']:.3f} system "
+                          f"{row['helpers_sys_s_per_gb']:.3f}) target {row['target_cpu_s_per_gb']:.3f} (user "
+                          f"{row['target_user_s_per_gb']:.3f}), the ceiling's "
                           f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
                           f"{row['ceiling_sender_cpu_s_per_gb']:.3f}", flush=True)
     arena.close()
