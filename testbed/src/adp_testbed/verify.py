@@ -383,6 +383,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if fam == "swa" and getattr(args, "variant", "gemma3") == "mistral":
         model_family = "mistral_swa"
     env: dict[str, str] = {}
+    if workaround and _cuda():  # the CPU kernels' workaround: never on a GPU
+        workaround = False
     if workaround:
         import os
 
