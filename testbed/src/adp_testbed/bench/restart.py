@@ -61,6 +61,9 @@ def _with_audit(kv: dict[str, Any] | None, audit_dir: Path) -> dict[str, Any] | 
         return kv
     kv = copy.deepcopy(kv)
     kv["kv_connector_extra_config"]["audit_path"] = str(audit_dir)
+    # this scenario measures what a restore costs and checks what it delivers, so every hit is restored unless
+    # --connector-opt restore_policy=... says otherwise (auto may recompute a hit the card serves slower)
+    kv["kv_connector_extra_config"].setdefault("restore_policy", "always")
     return kv
 
 

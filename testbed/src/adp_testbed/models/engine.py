@@ -177,7 +177,10 @@ _ROOT_CAUSE = re.compile(r"(NotImplementedError|Check failed|cannot serve this m
 
 def adp_connector(port: int, **extra: Any) -> dict[str, Any]:
     """A ``kv_transfer_config`` for ADPConnector on 127.0.0.1:``port`` (short name via the plugin)."""
-    cfg = {"traddr": "127.0.0.1", "trsvcid": port, "connect_timeout_s": 5.0, "retry_interval_s": 1.0}
+    # restore_policy always: these runs (tests, verify) check what a restore delivers, so every hit is restored;
+    # the choice auto makes is tested on its own (connector/tests/pipeline/test_restore_policy.py)
+    cfg = {"traddr": "127.0.0.1", "trsvcid": port, "connect_timeout_s": 5.0, "retry_interval_s": 1.0,
+           "restore_policy": "always"}
     cfg.update(extra)
     return {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": cfg}
