@@ -37,15 +37,36 @@ BF16 = torch.bfloat16
 BS = 16
 
 
-def _layouts() -> list[Any]:
-    swa = kvi.SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype=BF16, sliding_window=32)
+DRAFTER = "model.layers.9.attn"  # the MTP head's layer (in the target's full-attention group)
+
+
+def _layouts(families: str = "attention-align") -> list[Any]:
+    """The groups of one test model: ``attention-align`` (full, sliding window, MLA, a Mamba "align" state) or
+    ``dsa-mtp-all`` (full attention with an MTP drafter layer in its pages, DeepSeek-V3.2's MLA with its indexer
+    cache, a Mamba "all" state as Nemotron-H keeps on vLLM 0.26)."""
     full = kvi.FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype=BF16)
     mla = kvi.MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=576, dtype=BF16)
-    state = kvi.MambaSpec(block_size=BS, shapes=((3, 64), (2, 16, 16)), dtypes=(BF16, torch.float32),
-                          mamba_cache_mode="align")
-    groups = [kvi.KVCacheGroupSpec(["model.layers.0.attn"], full), kvi.KVCacheGroupSpec(["model.layers.1.attn"], swa),
-              kvi.KVCacheGroupSpec(["model.layers.2.attn"], mla), kvi.KVCacheGroupSpec(["model.layers.3.mixer"], state)]
-    return describe_groups(kvi.KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups))
+    shapes, dtypes = ((3, 64), (2, 16, 16)), (BF16, torch.float32)
+    if families == "attention-align":
+        swa = kvi.SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=64, dtype=BF16, sliding_window=32)
+        state = kvi.MambaSpec(block_size=BS, shapes=shapes, dtypes=dtypes, mamba_cache_mode="align")
+        groups = [kvi.KVCacheGroupSpec(["model.layers.0.attn"], full),
+                  kvi.KVCacheGroupSpec(["model.layers.1.attn"], swa),
+                  kvi.KVCacheGroupSpec(["model.layers.2.attn"], mla),
+                  kvi.KVCacheGroupSpec(["model.layers.3.mixer"], state)]
+        return describe_groups(kvi.KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups))
+    role = getattr(kvi, "SparseCacheRole", None)  # vLLM >= 0.32 marks the indexer; 0.26 only names it
+    indexer = kvi.MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=132, dtype=BF16,
+                                   **({"cache_role": role.INDEXER} if role is not None else {}))
+    per_layer = kvi.UniformTypeKVCacheSpecs(block_size=BS, kv_cache_specs={
+        "model.layers.1.self_attn.attn": mla, "model.layers.1.self_attn.indexer.k_cache": indexer})
+    state_all = kvi.MambaSpec(block_size=BS, shapes=shapes, dtypes=dtypes, mamba_cache_mode="all")
+    groups = [kvi.KVCacheGroupSpec(["model.layers.0.attn", DRAFTER], full),
+              kvi.KVCacheGroupSpec(["model.layers.1.self_attn.attn", "model.layers.1.self_attn.indexer.k_cache"],
+                                   per_layer),
+              kvi.KVCacheGroupSpec(["model.layers.2.mixer"], state_all)]
+    return describe_groups(kvi.KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups),
+                           drafter_layers={DRAFTER})
 
 
 def _namer(rank: int, layouts: list[Any]) -> PageNamer:
@@ -74,12 +95,23 @@ def _worker(rank: int, layouts: list[Any]) -> WorkerSide:
     return w
 
 
+KINDS = {"attention-align": [GroupKind.FULL, GroupKind.WINDOW, GroupKind.MLA, GroupKind.STATE],
+         "dsa-mtp-all": [GroupKind.FULL, GroupKind.MLA, GroupKind.STATE_ALL]}
+
+
 @pytest.mark.skipif(not hasattr(kvi, "MambaSpec"), reason="vLLM without MambaSpec")
-def test_two_ranks_write_their_shards_and_mla_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("families", list(KINDS))
+def test_two_ranks_write_their_shards_and_mla_once(tmp_path: Path, families: str) -> None:
     from adp_emulator.target import TargetSettings, UserspaceTarget
 
-    layouts = _layouts()
-    assert [g.kind for g in layouts] == [GroupKind.FULL, GroupKind.WINDOW, GroupKind.MLA, GroupKind.STATE]
+    if families == "dsa-mtp-all" and not hasattr(kvi, "UniformTypeKVCacheSpecs"):
+        pytest.skip("this vLLM has no UniformTypeKVCacheSpecs (DeepSeek-V3.2's MLA + indexer group)")
+    layouts = _layouts(families)
+    assert [g.kind for g in layouts] == KINDS[families]
+    if families == "dsa-mtp-all":  # the pages hold the drafter's KV and the indexer's keys
+        roles = {la.name: la.role.value for g in layouts for la in g.layers if la.persisted}
+        assert roles[DRAFTER] == "drafter" and roles["model.layers.1.self_attn.indexer.k_cache"] == "indexer", roles
+        assert layouts[1].tp_replicated and not layouts[0].tp_replicated and not layouts[2].tp_replicated
     hashes = [bytes([i]) * 32 for i in range(4)]
     sched = _namer(0, layouts)  # the scheduler names pages as rank 0 does
     meta = ADPMetadata(loads={}, zero={}, load_blocks={}, block_hashes={})
