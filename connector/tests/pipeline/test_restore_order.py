@@ -111,3 +111,48 @@ def test_a_failed_older_restore_does_not_hold_back_the_next() -> None:
     assert [j.req_id for j in done] == ["A"] and done[0].failed
     assert store.submitted() == [10, 20]
 
+
+
+def _clock(monkeypatch: pytest.MonkeyPatch, start: float = 1000.0) -> list[float]:
+    """A settable monotonic clock for the pipeline module (returns the list holding the time)."""
+    import adp_connector.pipeline.restore as restore
+
+    now = [start]
+    monkeypatch.setattr(restore.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_a_restore_queued_behind_moving_ones_waits_past_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """B waits for slabs 3 timeouts long while A's batches keep landing: not a failure (it used to fail as
+    no_staging at timeout_s whatever moved ahead of it); then it is restored."""
+    now = _clock(monkeypatch)
+    kv, pipe, store = _setup(max_inflight=1)
+    pipe.timeout_s = 10.0
+    pipe.start(LoadJob("A", [(0, i, bytes([10 + i]) * 8) for i in range(16)], [], t0=now[0]), store)  # 8 batches
+    pipe.start(LoadJob("B", [(0, 20, bytes([40]) * 8)], [], t0=now[0]), store)
+    done: list[LoadJob] = []
+    for i in range(8):  # one of A's batches lands every 4 s: 32 s in all
+        now[0] += 4.0
+        store.batches[i].land()
+        done += pipe.poll(store)
+    assert [j.req_id for j in done] == ["A"] and not done[0].failed
+    now[0] += 4.0
+    store.batches[-1].land()
+    done = pipe.poll(store)
+    assert [j.req_id for j in done] == ["B"] and not done[0].failed and int(kv[20, 0]) == 40
+
+
+def test_no_progress_for_the_timeout_fails_with_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Controls: a batch in flight that does not land within the timeout fails its restore as timed_out, and the
+    restore queued behind it, with nothing landing anywhere, as no_staging."""
+    now = _clock(monkeypatch)
+    _, pipe, store = _setup(max_inflight=1)
+    pipe.timeout_s = 10.0
+    pipe.start(LoadJob("A", [(0, 0, bytes([10]) * 8)], [], t0=now[0]), store)
+    pipe.start(LoadJob("B", [(0, 8, bytes([20]) * 8)], [], t0=now[0]), store)
+    now[0] += 9.0
+    assert pipe.poll(store) == []  # within the timeout
+    now[0] += 2.0
+    done = {j.req_id: j for j in pipe.poll(store)}
+    assert done["A"].cause is Cause.TIMED_OUT and done["B"].cause is Cause.NO_STAGING, done
+    assert "none for 10.0 s" in done["A"].failed and "no restore landed for 10.0 s" in done["B"].failed

@@ -45,8 +45,8 @@ class Cause(str, Enum):
     IO_ERROR = "io_error"                      # device / transport error on the read
     HELPER_LOST = "helper_lost"                # the I/O helper process exited or its socket broke
     TARGET_UNREACHABLE = "target_unreachable"  # no store (target down, helper being restarted)
-    TIMED_OUT = "timed_out"                    # pages still in flight at load_timeout_s
-    NO_STAGING = "no_staging"                  # timed out waiting for a free staging slab
+    TIMED_OUT = "timed_out"                    # a batch in flight did not land within load_timeout_s
+    NO_STAGING = "no_staging"                  # waited load_timeout_s for a staging slab while no restore landed
     NOT_PLANNED = "not_planned"                # the scheduler found nothing restorable (a needed block unhashed/null)
     TP_KEY_MISSING = "tp_key_missing"          # TP > 1: a page's block hash did not reach this rank
     CACHE_DISABLED = "cache_disabled"          # KV registration failed: the worker serves without the cache
@@ -85,6 +85,7 @@ class LoadJob:
     blocks: list[int] = field(default_factory=list)  # vLLM 0.26: reported as load errors if the restore fails
     chunks: list[LoadChunk] = field(default_factory=list)
     lost: list[bytes] = field(default_factory=list)  # keys the store did not have (missing, stale or corrupt)
+    progress_t: float = 0.0  # when a batch of this job last got a slab or landed (t0 before either)
 
     def fail(self, cause: Cause, detail: str) -> None:
         """Mark the job failed (the first failure wins)."""
@@ -110,6 +111,7 @@ class RestorePipeline:
         self.ledger = ledger  # this worker's recent save outcomes: tells an eviction from a save never committed
         self.max_inflight = max_inflight  # batches holding a slab at once (None: as many as there are slabs)
         self.jobs: list[LoadJob] = []
+        self.landed_t = 0.0  # when any batch last landed: a restore queued behind others waits while they move
 
     def start(self, job: LoadJob, store: Store | None) -> None:
         """Track ``job`` and submit its first batches (a job already ``failed`` just finishes at the next poll)."""
@@ -152,6 +154,7 @@ class RestorePipeline:
                 if buf is None:
                     return
                 ch.buf = buf
+                job.progress_t = time.monotonic()  # its batch got a slab: the wait for one ended
                 if room is not None:
                     room -= 1
                 rows = buf[:n * pb].view(n, pb)
@@ -173,6 +176,7 @@ class RestorePipeline:
                 if not ch.applied and ch.handle is not None and ch.handle.done():
                     self._apply_chunk(job, ch, store)
                     ch.applied = True
+                    job.progress_t = self.landed_t = now
                 if ch.applied and ch.buf is not None and (ch.copied is None or ch.copied.query()):
                     self.pool.give(ch.buf)  # in place: the slab takes the next batch
                     ch.buf = None
@@ -186,18 +190,24 @@ class RestorePipeline:
         for job in self.jobs:
             in_place = all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
             if not job.failed and not in_place:
-                if now - job.t0 < self.timeout_s:
+                # Timeouts measure a lack of progress, not the length of the queue: a batch in flight must land
+                # within timeout_s of the job's last progress (a batch of it given a slab or landed, else its
+                # start), and a job waiting for slabs behind older restores waits while batches land somewhere.
+                last = max(job.t0, job.progress_t)
+                flying = any(ch.handle is not None and not ch.applied for ch in job.chunks)
+                if now - (last if flying else max(last, self.landed_t)) < self.timeout_s:
                     keep.append(job)
                     continue
                 waiting = sum(ch.handle is None for ch in job.chunks)
-                if waiting:
+                if flying:
+                    job.fail(Cause.TIMED_OUT, f"{sum(not ch.applied for ch in job.chunks)}/{len(job.chunks)} "
+                             f"batch(es) not landed, none for {self.timeout_s} s ({now - job.t0:.1f} s since the "
+                             f"restore started)")
+                else:
                     ahead = sum(1 for j in self.jobs if j.t0 < job.t0 and not j.failed)
                     job.fail(Cause.NO_STAGING, f"{waiting}/{len(job.chunks)} batch(es) still waiting for a staging "
-                             f"slab after {self.timeout_s} s, behind {ahead} older restore(s) (raise staging_mb or "
-                             f"load_timeout_s)")
-                else:
-                    job.fail(Cause.TIMED_OUT, f"{sum(not ch.applied for ch in job.chunks)}/{len(job.chunks)} "
-                             f"batch(es) not landed after {self.timeout_s} s")
+                             f"slab, no restore landed for {self.timeout_s} s, behind {ahead} older restore(s) "
+                             f"(raise staging_mb or load_timeout_s)")
             if not job.failed:
                 for gid, bid in job.zero:
                     self.sink.zero(gid, bid)

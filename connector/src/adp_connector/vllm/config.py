@@ -69,7 +69,8 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "namespace_extra": ((str,), "free text mixed into the namespace (e.g. a deployment or weights version)"),
     "connect_timeout_s": ((int, float), "connect timeout; the engine serves without a cache meanwhile"),
     "retry_interval_s": ((int, float), "seconds between reconnect attempts while the target is unreachable"),
-    "load_timeout_s": ((int, float), "a restore not done in this time fails (-> recompute)"),
+    "load_timeout_s": ((int, float), "a restore that makes no progress for this long fails (-> recompute): a batch "
+                       "in flight not landed, or a wait for staging while no restore lands"),
     "refresh_interval_s": ((int, float), "scheduler: re-read other writers' slot tables this often (0: never)"),
     "max_pending_save_mb": ((int,), "staged bytes of saves in flight; beyond it new saves are dropped (counted)"),
     "staging_mb": ((int,), "host staging memory for page I/O (pinned when the KV cache is on a GPU; shared with the "
