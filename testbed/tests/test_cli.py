@@ -179,6 +179,12 @@ def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
     # user + system is the total (rounding aside), each part measured: a helper both copies and computes
     assert all(abs(r["helpers_user_s_per_gb"] + r["helpers_sys_s_per_gb"] - r["helpers_cpu_s_per_gb"]) < 0.01
                and r["helpers_user_s_per_gb"] > 0 and r["helpers_sys_s_per_gb"] >= 0 for r in rows)
+    # by thread role (clock ticks of 10 ms: a 40 MB restore may show zeros): every helper has queue receive loops
+    # and a main thread, and the roles never add up to more than the helpers' own total
+    for r in rows:
+        roles = r["helpers_by_thread_s_per_gb"]
+        assert {"rx", "tx", "main"} <= set(roles) and all(v >= 0 for d in roles.values() for v in d.values()), roles
+        assert sum(v for d in roles.values() for v in d.values()) <= r["helpers_cpu_s_per_gb"] + 0.6, r
     assert "restore" in capsys.readouterr().out
 
 

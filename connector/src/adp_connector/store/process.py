@@ -272,6 +272,10 @@ class StoreProcess:
         """Every key the helper's index holds (diagnostics and tests)."""
         return list(self._call("indexed_keys", [], timeout))
 
+    def thread_cpu(self, timeout: float = 30.0) -> dict[str, tuple[float, float]]:
+        """The helper's CPU seconds so far by thread role: ``{role: (user, system)}`` (:func:`thread_cpu`)."""
+        return {k: (float(u), float(s)) for k, (u, s) in dict(self._call("thread_cpu", [], timeout)).items()}
+
     def _call(self, op: str, keys: list[bytes], timeout: float) -> Any:
         rid = self._register((None, [], keys))
         if rid is None:
@@ -564,6 +568,15 @@ class StoreGroup:
         for m in self._members:
             m.refresh(timeout)
 
+    def thread_cpu(self, timeout: float = 30.0) -> dict[str, tuple[float, float]]:
+        """Every helper's CPU seconds by thread role, summed (:func:`thread_cpu`)."""
+        total: dict[str, tuple[float, float]] = {}
+        for m in self._members:
+            for k, (u, sy) in m.thread_cpu(timeout).items():
+                pu, ps = total.get(k, (0.0, 0.0))
+                total[k] = (pu + u, ps + sy)
+        return total
+
     def stats(self, timeout: float = 30.0) -> dict[str, float]:
         """Every helper's counters (summed)."""
         total = dict(self.writer.stats(timeout))
@@ -657,6 +670,8 @@ def _serve(conn: Connection, arena: memoryview, populator: ArenaPopulator | None
                     out = True
                 elif op == "indexed_keys":
                     out = store.indexed_keys()
+                elif op == "thread_cpu":
+                    out = thread_cpu()
                 elif op == "stats":
                     out = store.stats.snapshot()
                     if populator is not None:  # summed over a group: bytes, and helpers whose populate ended
@@ -676,6 +691,39 @@ def _serve(conn: Connection, arena: memoryview, populator: ArenaPopulator | None
         if store is not None:
             store.close()
         device.close()
+
+
+def thread_role(name: str) -> str:
+    """The role of a helper thread by its name: ``rx`` / ``tx`` (an NVMe/TCP queue's receive / send loop),
+    ``batch`` (the store's batch workers: checksums, page bookkeeping), ``refresh`` (the index refresh),
+    ``main`` (requests from the owner, completions back), else ``other`` (keep-alive, arena pre-fault, ...)."""
+    if name.startswith("nvme-q"):
+        return "rx" if name.endswith("-rx") else "tx" if name.endswith("-tx") else "other"
+    if name.startswith("adpkv-store_"):
+        return "batch"
+    if name == "adpkv-store-bg":
+        return "refresh"
+    if name == "MainThread":
+        return "main"
+    return "other"
+
+
+def thread_cpu() -> dict[str, tuple[float, float]]:
+    """This process's CPU seconds by thread role (:func:`thread_role`), ``{role: (user, system)}``, from
+    /proc/self/task (threads that ended are not counted)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, tuple[float, float]] = {}
+    for t in threading.enumerate():
+        tid = t.native_id
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, TypeError):
+            continue
+        role = thread_role(t.name)
+        u, sy = out.get(role, (0.0, 0.0))
+        out[role] = (u + int(fields[11]) / tick, sy + int(fields[12]) / tick)
+    return out
 
 
 def main(argv: list[str]) -> None:

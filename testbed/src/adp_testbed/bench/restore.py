@@ -261,8 +261,10 @@ def main(args: argparse.Namespace) -> int:
                         warm = keys[:per_batch * 2]
                         restore_point(group, arena, warm, page, per_batch, args.slabs, args.into)
                         c0t, c0h = cpu_split([t.proc.pid]), cpu_split(pids)
+                        r0 = group.thread_cpu()
                         dt = restore_point(group, arena, keys, page, per_batch, args.slabs, args.into)
                         c1t, c1h = cpu_split([t.proc.pid]), cpu_split(pids)
+                        r1 = group.thread_cpu()
                         t_user, t_sys = c1t[0] - c0t[0], c1t[1] - c0t[1]
                         h_user, h_sys = c1h[0] - c0h[0], c1h[1] - c0h[1]
                         tcpu, hcpu = t_user + t_sys, h_user + h_sys
@@ -282,6 +284,11 @@ def main(args: argparse.Namespace) -> int:
                            # where the CPU goes: user = Python and checksums, system = the kernel (socket copies)
                            "helpers_user_s_per_gb": round(h_user / gb, 3), "helpers_sys_s_per_gb": round(h_sys / gb, 3),
                            "target_user_s_per_gb": round(t_user / gb, 3), "target_sys_s_per_gb": round(t_sys / gb, 3),
+                           # the helpers' CPU by thread role (rx: queue receive loops, batch: checksums, ...)
+                           "helpers_by_thread_s_per_gb": {
+                               role: {"user": round((u - r0.get(role, (0.0, 0.0))[0]) / gb, 3),
+                                      "system": round((sy - r0.get(role, (0.0, 0.0))[1]) / gb, 3)}
+                               for role, (u, sy) in sorted(r1.items())},
                            "fill_gbps": saves[-1]["gbps"], "saves": saves}
                     rows.append(row)
                     print(f"MDTS {mdts >> 10}K target workers {workers} helpers {h_count} x {args.queues} queues: "
@@ -293,7 +300,9 @@ def main(args: argparse.Namespace) -> int:
                           f"{row['helpers_sys_s_per_gb']:.3f}) target {row['target_cpu_s_per_gb']:.3f} (user "
                           f"{row['target_user_s_per_gb']:.3f}), the ceiling's "
                           f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
-                          f"{row['ceiling_sender_cpu_s_per_gb']:.3f}", flush=True)
+                          f"{row['ceiling_sender_cpu_s_per_gb']:.3f}; helpers by thread (user+system core-s/GB) "
+                          + " ".join(f"{k} {v['user'] + v['system']:.3f}"
+                                     for k, v in row["helpers_by_thread_s_per_gb"].items()), flush=True)
     arena.close()
     O.emit_json(args, rows)
     return 0
