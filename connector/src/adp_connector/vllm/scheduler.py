@@ -146,8 +146,8 @@ class SchedulerSide:
         total = 0
         for g in self.layouts:
             if g.persists:
-                first = start // g.block_size
-                total += sum(1 for j in g.needed_blocks(hit // g.block_size) if j >= first) * g.page_bytes
+                need = g.needed_blocks(hit // g.block_size)  # a range: counted, not walked (asked every step)
+                total += max(0, need.stop - max(need.start, start // g.block_size)) * g.page_bytes
         return total
 
     def _lookup_keys(self, rid: str, g: GroupLayout, hashes: list, nblk: int) -> list[bytes]:
