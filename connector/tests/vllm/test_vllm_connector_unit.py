@@ -846,6 +846,7 @@ def test_lookups_cost_nothing_when_there_is_nothing_to_gain(monkeypatch: pytest.
         tgt.stop()
 
 
+@native_contract  # its cold save uses the >= 0.32 scheduler stand-ins; the policy itself is version-free
 def test_a_hit_the_card_serves_slower_than_a_recompute_is_recomputed() -> None:
     """restore_policy auto: once this engine measured a card slower than its prefill (here 1 MB/s against
     1M tokens/s), a hit is recomputed and counted in ``restores_declined``; ``always`` (the control) offers the
