@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from adp_connector.vllm import compat, legacy_hybrid_hits  # noqa: E402
+from adp_connector.vllm.config import ADPConfig  # noqa: E402
 from adp_connector.vllm.layouts import (  # noqa: E402
     GroupKind,
     GroupLayout,
@@ -190,7 +191,7 @@ def _legacy_saves(mamba: GroupLayout, mamba_table: list[int], n_sched: int) -> l
     from adp_connector.pipeline.counters import Counters
 
     attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
-    cfg = SimpleNamespace(save=True, load=True, refresh_interval_s=1.0, min_hit_blocks=1, min_load_tokens=0)
+    cfg = ADPConfig()  # the defaults: saves and loads on, one block is a hit
     namer = SimpleNamespace(hash_block_size=16,
                             key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode()
                             if j < len(hashes) else None)
@@ -219,7 +220,7 @@ def _planned_restore(mamba: GroupLayout, mamba_ids: list[int]) -> list[tuple[int
     from adp_connector.pipeline.counters import Counters
 
     attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
-    cfg = SimpleNamespace(save=True, load=True, refresh_interval_s=1.0, min_hit_blocks=1, min_load_tokens=0)
+    cfg = ADPConfig()  # the defaults: saves and loads on, one block is a hit
     namer = SimpleNamespace(hash_block_size=16, key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode())
     link = SimpleNamespace(store=SimpleNamespace(contains=lambda keys: [True] * len(keys)))
     side = SchedulerSide(cfg, [attn, mamba], namer, link, Counters(), legacy=True)  # type: ignore[arg-type]
