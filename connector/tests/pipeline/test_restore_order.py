@@ -114,11 +114,12 @@ def test_a_failed_older_restore_does_not_hold_back_the_next() -> None:
 
 
 def _clock(monkeypatch: pytest.MonkeyPatch, start: float = 1000.0) -> list[float]:
-    """A settable monotonic clock for the pipeline module (returns the list holding the time)."""
+    """A settable clock for the restore pipeline alone (returns the list holding the time); the process's own
+    time.monotonic is left alone."""
     import adp_connector.pipeline.restore as restore
 
     now = [start]
-    monkeypatch.setattr(restore.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(restore, "_now", lambda: now[0])
     return now
 
 

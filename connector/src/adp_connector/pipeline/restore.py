@@ -29,6 +29,7 @@ from .save import SaveLedger
 from .staging import StagingPool
 
 log = logging.getLogger("vllm.adp_kv.restore")
+_now = time.monotonic  # the pipeline's clock (a test may set its own)
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 
@@ -154,7 +155,7 @@ class RestorePipeline:
                 if buf is None:
                     return
                 ch.buf = buf
-                job.progress_t = time.monotonic()  # its batch got a slab: the wait for one ended
+                job.progress_t = _now()  # its batch got a slab: the wait for one ended
                 if room is not None:
                     room -= 1
                 rows = buf[:n * pb].view(n, pb)
@@ -168,7 +169,7 @@ class RestorePipeline:
         """Copy landed chunks into the KV cache, feed free slabs; return (and release) the finished jobs."""
         done: list[LoadJob] = []
         keep: list[LoadJob] = []
-        now = time.monotonic()
+        now = _now()
         for job in self.jobs:
             for ch in job.chunks:
                 if job.failed:
@@ -216,7 +217,7 @@ class RestorePipeline:
                 self.counters.add(**{"load_fallbacks": 1, failure_counter(job.cause or Cause.IO_ERROR): 1})
             else:
                 self.counters.add(loads_ok=1)
-            took = time.monotonic() - job.t0
+            took = _now() - job.t0
             self.counters.add(loads=1, load_s=took)
             if not job.failed:
                 self.counters.observe(restore_seconds=took,
