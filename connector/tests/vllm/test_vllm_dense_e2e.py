@@ -133,5 +133,8 @@ def test_verification_catches_corruption_and_recomputes(runs: dict) -> None:
     assert p["tokens"] == runs["cold"]["passes"][0]["tokens"]  # recomputed from scratch: a full prefill
     assert _counter(runs, "verify", "verify_failures") > 0
     assert _counter(runs, "verify", "load_fallbacks") == 2
-    assert _counter(runs, "verify", "pages_saved") > 0  # corrupt pages discarded, the recompute rewrote them
+    # corrupt pages discarded, the recompute rewrote them: read from the connector's totals (written when the engine
+    # shuts down), since a save lands after its request returns and vLLM's counters travel with engine steps (the
+    # pass's metrics showed 0 once on a loaded machine)
+    assert runs["totals"]["verify"].get("pages_saved", 0) > 0, runs["totals"]["verify"]
     assert p["ext_hits"] == 0 or p["num_cached"] == [0, 0]
