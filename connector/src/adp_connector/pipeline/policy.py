@@ -97,17 +97,11 @@ class RestorePolicy:
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
-        if len(self._steps) < MIN_SAMPLES:
-            return None
-        secs = sum(s for _, s in self._steps)
-        return sum(t for t, _ in self._steps) / secs if secs > 0 else None
+        return _rate(self._steps)
 
     @property
     def restore_bytes_per_s(self) -> float | None:
-        if len(self._done) < MIN_SAMPLES:
-            return None
-        secs = sum(s for _, s in self._done)
-        return sum(b for b, _ in self._done) / secs if secs > 0 else None
+        return _rate(self._done)
 
     @property
     def inflight_bytes(self) -> int:
@@ -121,3 +115,11 @@ class RestorePolicy:
         restore_s = (self.inflight_bytes + nbytes) / rbw
         recompute_s = (self._queued_prefill + hit_tokens) / pbw
         return Choice(restore_s <= self.margin * recompute_s, restore_s, recompute_s)
+
+
+def _rate(samples: deque[tuple[int, float]]) -> float | None:
+    """Amount per second over ``(amount, seconds)`` samples; ``None`` under :data:`MIN_SAMPLES` samples."""
+    if len(samples) < MIN_SAMPLES:
+        return None
+    secs = sum(s for _, s in samples)
+    return sum(a for a, _ in samples) / secs if secs > 0 else None
