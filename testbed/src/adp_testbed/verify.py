@@ -235,7 +235,8 @@ def _acceptance(p: dict[str, Any], before: dict[str, Any] | None = None) -> dict
             "accepted_tokens": int(d["accepted_tokens"]), "acceptance": None if rate is None else round(rate, 4)}
 
 
-def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path) -> dict[str, Any]:
+def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path,
+             copts: dict[str, Any]) -> dict[str, Any]:
     """MTP: restored pages keep the drafter's acceptance rate, and pages without drafter KV cross speculation on/off.
 
     The model's MTP head drafts with a copy of the target's layer (``models.checkpoints._add_mtp_head``), so its
@@ -249,8 +250,6 @@ def _run_mtp(args: argparse.Namespace, vm: ModuleType, tgt: _Target, work: Path)
     n = max(1, args.prompts // 2)
     ps = vm.prompts(3 * n, args.prompt_len)
     a, b, c = ps[:n], ps[n:2 * n], ps[2 * n:]
-
-    copts = _connector_opts(getattr(args, "connector_opt", None) or [])
 
     def conn(tag: str, **opts: Any) -> dict[str, Any]:
         extra: dict[str, Any] = {**copts, "audit_path": str(work / f"audit-{tag}"), **opts}
@@ -367,7 +366,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tgt = _Target(args, work)
         tgt.start()
         try:
-            return _run_mtp(args, vm, tgt, work)
+            return _run_mtp(args, vm, tgt, work, copts)
         finally:
             tgt.stop()
     model_family, llm_kwargs, first_token_only, unit, workaround = _PLAN[fam]
@@ -383,8 +382,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if fam == "swa" and getattr(args, "variant", "gemma3") == "mistral":
         model_family = "mistral_swa"
     env: dict[str, str] = {}
-    if workaround and _cuda():  # the CPU kernels' workaround: never on a GPU
-        workaround = False
+    workaround = workaround and not _cuda()  # the CPU kernels' workaround: never on a GPU
     if workaround:
         import os
 
