@@ -132,3 +132,13 @@ def test_docs_list_the_exposed_names() -> None:
                if f.name.startswith("vllm:adp_kv") and not f.name.endswith("_created")}
     assert len(exposed) >= 20
     assert sorted(n for n in exposed if f"`{n}" not in doc) == []
+
+
+def test_every_series_the_bench_reads_is_exposed() -> None:
+    """`testbed bench` reads these from /metrics; one that is never exported reads as 0 (GPU run 9 reported 0
+    declined restores while the engine log counted hundreds)."""
+    from adp_testbed.bench.serve import COUNTERS as BENCH_COUNTERS
+
+    _stat_logger()
+    exposed = {f.name for f in _families().values()}
+    assert sorted(n for n in BENCH_COUNTERS if n.startswith("vllm:adp_kv") and n not in exposed) == []
