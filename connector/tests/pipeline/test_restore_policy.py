@@ -56,6 +56,22 @@ def test_queues_on_both_sides_count() -> None:
     assert p.choose(10_000, GB).restore
 
 
+def test_a_recompute_delays_the_other_requests_and_a_restore_the_other_restores() -> None:
+    """GPU run 9, 8 agents: a 5 GB restore slower than its own 1.5 s recompute was declined while 4 other
+    requests shared the GPU; each of them would have waited for that recompute too."""
+    p = RestorePolicy()
+    t = _steps(p, 0.0, 8, 10_000, 1.0)  # 10k tokens/s
+    t = _restores(p, t, 8, GB, 0.5)  # 2 GB/s
+    c = p.choose(10_000, 3 * GB)  # alone: 1.5 s restore vs 1 s recompute
+    assert not c.restore and abs(c.restore_delay_s - 1.5) < 1e-9 and abs(c.recompute_delay_s - 1.0) < 1e-9
+    c = p.choose(10_000, 3 * GB, others_active=4)  # the recompute delays 4 more requests by 1 s each
+    assert c.restore and abs(c.recompute_delay_s - 5.0) < 1e-9 and abs(c.restore_s - 1.5) < 1e-9
+    for i in range(3):  # 3 GB already in flight: this restore ends at 3 s and delays each of those 3 by 1.5 s
+        p.on_restore_planned(f"q{i}", GB, t)
+    c = p.choose(10_000, 3 * GB, others_active=4)
+    assert not c.restore and abs(c.restore_delay_s - 7.5) < 1e-9  # control: 7.5 s against 5 s
+
+
 def test_concurrent_restores_measure_their_aggregate_throughput() -> None:
     p = RestorePolicy()
     t = 0.0

@@ -130,11 +130,12 @@ class SchedulerSide:
             self._pending_hit.pop(rid, None)
             return 0, False
         if self.policy is not None:
-            choice = self.policy.choose(hit - num_computed_tokens, self._hit_bytes(num_computed_tokens, hit))
+            others = len(self._reqs) - (rid in self._reqs)  # running, or waiting for their restore
+            choice = self.policy.choose(hit - num_computed_tokens, self._hit_bytes(num_computed_tokens, hit), others)
             if not choice.restore:
                 self.counters.add(restores_declined=1)
-                log.debug("ADP KV: %s recomputes its %d-token hit (restore ~%.2f s, recompute ~%.2f s)", rid,
-                          hit - num_computed_tokens, choice.restore_s, choice.recompute_s)
+                log.debug("ADP KV: %s recomputes its %d-token hit (engine delay: restore ~%.2f s, recompute ~%.2f s)",
+                          rid, hit - num_computed_tokens, choice.restore_delay_s, choice.recompute_delay_s)
                 self._pending_hit.pop(rid, None)
                 return 0, False
         self._pending_hit[rid] = hit
