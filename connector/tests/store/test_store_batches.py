@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from adp_connector.store.batches import BatchPool
+from adp_connector.store.batches import URGENT_RUN, BatchPool
 
 
 def _blocked_pool() -> tuple[BatchPool, threading.Event, list[str]]:
@@ -32,6 +32,18 @@ def test_a_load_queued_behind_saves_runs_before_them() -> None:
     gate.set()
     pool.shutdown(wait=True)
     assert ran == ["load1", "load2", "save1", "save2", "save3"]
+
+
+def test_saves_get_a_turn_after_a_run_of_loads() -> None:
+    """GPU run 9: loads kept coming, the saves behind them held every staging slab, and new saves were dropped.
+    After URGENT_RUN loads in a row a waiting save runs; the old rule (every load first) fails this."""
+    pool, gate, ran = _blocked_pool()
+    loads = [f"load{i}" for i in range(2 * URGENT_RUN + 1)]
+    for name in ("save1", "save2", *loads):
+        pool.submit(lambda n=name: ran.append(n), urgent=name.startswith("load"))
+    gate.set()
+    pool.shutdown(wait=True)
+    assert ran == [*loads[:URGENT_RUN], "save1", *loads[URGENT_RUN:2 * URGENT_RUN], "save2", loads[-1]]
 
 
 def test_without_urgency_the_order_is_first_come() -> None:
