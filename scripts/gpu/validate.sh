@@ -105,10 +105,20 @@ case "$what" in
       {
         echo "verify $tag rc=$rc ($((SECONDS - t0)) s)"
         python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print({k: v.get(k) for k in ('ok',
-          'outputs_identical', 'warm_hits', 'expected_warm_hits', 'pages_compared', 'pages_mismatched',
-          'pages_compared_by_group', 'dsa', 'acceptance', 'negative_control', 'error', 'reason')})" \
+          'outputs_identical', 'warm_hits', 'expected_warm_hits', 'expected_hits_rule', 'reference_local_hits',
+          'block_size', 'pages_saved', 'pages_compared', 'pages_mismatched', 'pages_compared_by_group',
+          'load_fallbacks', 'verify_failures', 'logprob_max_abs_diff', 'groups', 'dsa', 'acceptance',
+          'negative_control', 'error', 'reason')})" \
           "$out/verify-$tag.json" 2>&1 | tail -2
         grep -h "Error\|error\|slot table" "/tmp/verify-$tag/engines/"engine-*.log 2>/dev/null | grep -v "^$" | tail -3
+        # the engine logs stay on the GPU host: keep what explains a restore (each fallback's cause, a restore
+        # the scheduler could not plan and why), the connector's groups, and vLLM's block / Mamba page choices
+        echo "engine log lines (connector restores/saves, vLLM block and Mamba page sizes):"
+        for f in "/tmp/verify-$tag/engines/"engine-*.log; do
+          [ -f "$f" ] || continue
+          grep -h "ADP KV\|restore of\|Setting attention block size\|Padding mamba page size\|mamba_cache_mode\|mamba_block_size" "$f" \
+            | cut -c1-600 | tail -${FAMILY_LOG_LINES:-40} | sed "s|^|  $(basename "$f"): |"
+        done
       } > "$out/summary-$tag.txt"
       cat "$out/summary-$tag.txt"
     }
