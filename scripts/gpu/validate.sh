@@ -78,6 +78,11 @@ case "$what" in
              # control that corrupts every stored page (--corrupt-pages), +corrupt-states only the recurrent states
              # (--corrupt-state-pages); both must FAIL. dsa checks that the compared pages hold the indexer keys.
              # gdn entries add GDN_ARGS (default: the triton prefill, the wheel set has no flashinfer).
+             # Each summary-<tag>.txt also keeps the engine logs' connector lines (restore failures with their
+             # cause, restores not planned and why; FAMILY_LOG_LINES per engine, default 40) and vLLM's block /
+             # Mamba page choices: for mamba/gdn on 0.26 read them with load_fallbacks, pages_compared_by_group
+             # (one state per group and prompt), reference_local_hits (vLLM's own hit, must equal warm_hits) and
+             # expected_hits_rule.
              # FAMILY_JOBS=N runs N entries at once on the one GPU (each engine then gets
              # gpu_memory_utilization FAMILY_GPU_SHARE, default 0.9/N: the models are tiny, the KV cache 256 MiB;
              # and staging_mb 1024).
