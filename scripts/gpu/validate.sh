@@ -78,6 +78,11 @@ case "$what" in
              # control that corrupts every stored page (--corrupt-pages), +corrupt-states only the recurrent states
              # (--corrupt-state-pages); both must FAIL. dsa checks that the compared pages hold the indexer keys.
              # gdn entries add GDN_ARGS (default: the triton prefill, the wheel set has no flashinfer).
+             # Each summary-<tag>.txt also keeps the engine logs' connector lines (restore failures with their
+             # cause, restores not planned and why; FAMILY_LOG_LINES per engine, default 40) and vLLM's block /
+             # Mamba page choices: for mamba/gdn on 0.26 read them with load_fallbacks, pages_compared_by_group
+             # (one state per group and prompt), reference_local_hits (vLLM's own hit, must equal warm_hits) and
+             # expected_hits_rule.
              # FAMILY_JOBS=N runs N entries at once on the one GPU (each engine then gets
              # gpu_memory_utilization FAMILY_GPU_SHARE, default 0.9/N: the models are tiny, the KV cache 256 MiB;
              # and staging_mb 1024).
@@ -105,10 +110,20 @@ case "$what" in
       {
         echo "verify $tag rc=$rc ($((SECONDS - t0)) s)"
         python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print({k: v.get(k) for k in ('ok',
-          'outputs_identical', 'warm_hits', 'expected_warm_hits', 'pages_compared', 'pages_mismatched',
-          'pages_compared_by_group', 'dsa', 'acceptance', 'negative_control', 'error', 'reason')})" \
+          'outputs_identical', 'warm_hits', 'expected_warm_hits', 'expected_hits_rule', 'reference_local_hits',
+          'block_size', 'pages_saved', 'pages_compared', 'pages_mismatched', 'pages_compared_by_group',
+          'load_fallbacks', 'verify_failures', 'logprob_max_abs_diff', 'groups', 'dsa', 'acceptance',
+          'negative_control', 'error', 'reason')})" \
           "$out/verify-$tag.json" 2>&1 | tail -2
         grep -h "Error\|error\|slot table" "/tmp/verify-$tag/engines/"engine-*.log 2>/dev/null | grep -v "^$" | tail -3
+        # the engine logs stay on the GPU host: keep what explains a restore (each fallback's cause, a restore
+        # the scheduler could not plan and why), the connector's groups, and vLLM's block / Mamba page choices
+        echo "engine log lines (connector restores/saves, vLLM block and Mamba page sizes):"
+        for f in "/tmp/verify-$tag/engines/"engine-*.log; do
+          [ -f "$f" ] || continue
+          grep -h "ADP KV\|restore of\|Setting attention block size\|Padding mamba page size\|mamba_cache_mode\|mamba_block_size" "$f" \
+            | cut -c1-600 | tail -${FAMILY_LOG_LINES:-40} | sed "s|^|  $(basename "$f"): |"
+        done
       } > "$out/summary-$tag.txt"
       cat "$out/summary-$tag.txt"
     }

@@ -237,4 +237,35 @@ def test_a_hit_restores_every_state_in_mode_all_and_the_last_in_align() -> None:
     assert _planned_restore(_mamba("all"), [21, 22, 23]) == [*attn, (1, 21, b"1:h0"), (1, 22, b"1:h1"),
                                                              (1, 23, b"1:h2")]
     assert _planned_restore(_mamba("align"), [0, 0, 23]) == [*attn, (1, 23, b"1:h2")]
-    assert _planned_restore(_mamba("all"), [21, 0, 23]) == []  # control: a null block in "all" -> no restore
+    assert _planned_restore(_mamba("all"), [21, 0, 23]) == [*attn, (1, 21, b"1:h0"), (1, 23, b"1:h2")]
+    assert _planned_restore(_mamba("all"), [21, 22, 0]) == []  # control: no block for the boundary state
+    assert _planned_restore(_mamba("align"), [0, 22, 0]) == []  # nor in align
+
+
+def _mamba_all_table_026(block: int, hit: int) -> list[int]:
+    """The Mamba block ids vLLM 0.26's own ``MambaManager`` (mode "all") gives a new request with an external hit of
+    ``hit`` tokens and nothing local: what ``KVCacheCoordinator`` calls at admission, in its order."""
+    vllm = pytest.importorskip("vllm")
+    if not vllm.__version__.startswith("0.26."):
+        pytest.skip(f"vLLM {vllm.__version__}: 0.26's allocation is what this reproduces")
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    spec = MambaSpec(block_size=block, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="all")
+    pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=block)
+    mgr = MambaManager(spec, pool, enable_caching=True, kv_cache_group_id=1, scheduler_block_size=block)
+    mgr.add_local_computed_blocks("r", [], 0, hit)
+    mgr.allocate_external_computed_blocks("r", 0, hit)
+    return [b.block_id for b in mgr.req_to_blocks["r"]]
+
+
+def test_a_mode_all_hit_restores_the_one_state_vllm_026_allocates() -> None:
+    """The H200 run of Nemotron-H on vLLM 0.26 (mode "all", block 384, 1200-token prompts, a 1152-token hit): 0.26
+    allocates only the boundary state's block, the two before it are null. Both restores fell back there
+    ("nothing restorable was planned") before the connector skipped those null states."""
+    ids = _mamba_all_table_026(384, 1152)
+    assert len(ids) == 3 and ids[:2] == [0, 0] and ids[2] != 0  # what 0.26 itself allocates
+    # the same 3-block hit at the stand-ins' block size (16 tokens: 48 of 64), on the table 0.26 builds
+    pages = _planned_restore(_mamba("all"), ids)
+    assert pages == [(0, 11, b"0:h0"), (0, 12, b"0:h1"), (0, 13, b"0:h2"), (1, ids[2], b"1:h2")]

@@ -17,8 +17,10 @@ latent + rope); under HMA the groups alias one pool; Mamba/GDN state as a raw in
   scheduler offers (``KVConnectorBlockState.boundary_state_offloads``). Hits are multiples of the block.
   In ``all`` mode (vLLM 0.26's choice for Nemotron-H) every full block holds the state at its end and vLLM caches
   every one of them (``MambaManager.cache_blocks``): the group is a prefix of states (``STATE_ALL``), every block
-  saved and every block of a hit restored (a block left unrestored would be hashed by vLLM after the load and
-  served to a later local hit). Mode ``none`` keeps one rolling state: not persisted (the whole hit is refused).
+  saved and every block of a hit that vLLM allocates restored (a block left unrestored would be hashed by vLLM
+  after the load and served to a later local hit). vLLM 0.26 allocates only the hit's last block (the earlier
+  ones are null: ``get_num_skipped_tokens`` is ``tokens - 1``), so there the restore is that one state.
+  Mode ``none`` keeps one rolling state: not persisted (the whole hit is refused).
   vLLM 0.26's ``MambaSpec`` has no ``real_page_size_bytes``: the page is the states' bytes (shapes x dtypes),
   without the padding to the attention page.
 * MLA (``MLAAttentionSpec``): one latent vector per token, identical on every TP rank: stored once (namespace

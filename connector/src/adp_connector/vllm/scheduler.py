@@ -175,7 +175,7 @@ class SchedulerSide:
         pages: list[PageRef] = []
         zero: list[tuple[int, int]] = []
         fail_blocks: list[int] = []  # every block the restore fills (a failure must name at least one)
-        ok = True
+        why = ""  # the first reason the restore cannot be planned (empty: it can)
         for g in self.layouts:
             ids = block_ids[g.group_id] if g.group_id < len(block_ids) else []
             nblk = hit // g.block_size
@@ -190,19 +190,27 @@ class SchedulerSide:
                 bid = ids[j] if j < len(ids) else 0
                 if bid == 0:
                     # Null block: outside the window (fine for SWA); a prefix block or the recurrent state at the
-                    # boundary must exist, else restoring would leave the layer without its KV.
-                    if g.kind in PREFIX_KINDS or g.kind is GroupKind.STATE:
-                        ok = False
+                    # boundary must exist, else restoring would leave the layer without its KV. Mode "all" states
+                    # before the boundary are null in vLLM 0.26 (its MambaManager keeps only the state the request
+                    # resumes from: ``get_num_skipped_tokens`` is ``tokens - 1`` in every mode): never read, never
+                    # hashed, nothing to restore there.
+                    if g.kind is GroupKind.STATE_ALL and j < nblk - 1:
+                        continue
+                    if (g.kind in PREFIX_KINDS or g.kind is GroupKind.STATE) and not why:
+                        why = f"group {g.group_id} ({g.kind.value}) has no block for its block {j}"
                     continue
                 key = self.namer.key(g, request.block_hashes, j, self._meta_hashes)
                 if key is None:
-                    ok = False
+                    why = why or f"group {g.group_id} block {j} has no key (its block hash is not known yet)"
                     continue
                 pages.append((g.group_id, bid, bytes(key)))
                 if g.zero_filled_layers:
                     zero.append((g.group_id, bid))
-        if not ok or not pages:
-            pages = []  # an empty restore reported as failed -> recompute
+        if why or not pages:
+            # an empty restore reported as failed -> recompute
+            log.warning("ADP KV: restore of %s not planned (%s); the request recomputes", rid,
+                        why or "no page to restore")
+            pages = []
         self._meta_loads[rid] = pages
         self._meta_zero[rid] = zero
         self._meta_load_blocks[rid] = fail_blocks

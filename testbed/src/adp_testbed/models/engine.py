@@ -92,6 +92,13 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
     except Exception:
         block_size = 0
+    try:  # the most prompt tokens one step prefills (vLLM 0.26/0.32 Scheduler: its budget, capped by the threshold)
+        sc = llm.llm_engine.vllm_config.scheduler_config
+        chunk = int(getattr(sc, "max_num_scheduled_tokens", None) or sc.max_num_batched_tokens)
+        threshold = int(getattr(sc, "long_prefill_token_threshold", 0) or 0)
+        prefill_chunk = min(chunk, threshold) if threshold > 0 else chunk
+    except Exception:
+        prefill_chunk = 0
     sp = SamplingParams(max_tokens=spec.get("max_tokens", 16), temperature=0, detokenize=False, ignore_eos=True,
                         logprobs=spec.get("logprobs"))
     # each pass runs spec['prompts'], or its own list from spec['pass_prompts']
@@ -130,7 +137,8 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         llm.llm_engine.engine_core.shutdown()
     except Exception:
         pass
-    return {"start_seconds": t_start, "block_size": block_size, "passes": passes}
+    return {"start_seconds": t_start, "block_size": block_size, "prefill_chunk_tokens": prefill_chunk,
+            "passes": passes}
 
 
 def run_process_group(argv: Sequence[str], log: IO[str], env: dict[str, str], timeout: float,
