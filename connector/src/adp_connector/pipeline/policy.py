@@ -119,7 +119,7 @@ class RestorePolicy:
 
     def choose(self, hit_tokens: int, nbytes: int, others_active: int = 0) -> Choice:
         """Restore ``hit_tokens`` (``nbytes`` of pages) or recompute them, whichever delays this engine less;
-        ``others_active``: the other requests on the engine (running, or waiting for a restore)."""
+        ``others_active``: the other requests on the GPU (running; not those waiting for their restore)."""
         rbw, pbw = self.restore_bytes_per_s, self.prefill_tokens_per_s
         if rbw is None or pbw is None:
             return Choice(True, None, None)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 URGENT_RUN = 3  # urgent batches a worker runs in a row while an other batch waits
 
+
 class BatchPool:
     """``threads`` workers running submitted batches, urgent ones (loads) before the others (at most
     :data:`URGENT_RUN` in a row while another waits), each kind in order."""

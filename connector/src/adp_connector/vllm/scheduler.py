@@ -130,7 +130,8 @@ class SchedulerSide:
             self._pending_hit.pop(rid, None)
             return 0, False
         if self.policy is not None:
-            others = len(self._reqs) - (rid in self._reqs)  # running, or waiting for their restore
+            # the requests a recompute would delay: the others on the GPU (not those waiting for their restore)
+            others = sum(1 for r in self._reqs if r != rid and r not in self._planned)
             choice = self.policy.choose(hit - num_computed_tokens, self._hit_bytes(num_computed_tokens, hit), others)
             if not choice.restore:
                 self.counters.add(restores_declined=1)
