@@ -157,3 +157,59 @@ def test_no_progress_for_the_timeout_fails_with_the_cause(monkeypatch: pytest.Mo
     done = {j.req_id: j for j in pipe.poll(store)}
     assert done["A"].cause is Cause.TIMED_OUT and done["B"].cause is Cause.NO_STAGING, done
     assert "none for 10.0 s" in done["A"].failed and "no restore landed for 10.0 s" in done["B"].failed
+
+
+def _land_as_submitted(store: _Store, stop: float) -> None:
+    """The store's side: land every batch soon after it is submitted (what the helpers do)."""
+    seen = 0
+    while time.monotonic() < stop:
+        while seen < len(store.batches):
+            store.batches[seen].land()
+            seen += 1
+        time.sleep(0.001)
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+
+
+def _restore_without_polls(driver: bool, device: str = "cpu") -> tuple[int, torch.Tensor, RestorePipeline]:
+    """A restore of 12 batches through 2 slabs in flight, no caller poll for 0.5 s: how many batches were submitted.
+    On a GPU the KV cache is CUDA memory, the slabs pinned, and the driver scatters on the side stream."""
+    import threading
+
+    if device == "cpu":
+        kv, pipe, store = _setup(max_inflight=2)
+    else:
+        kv = torch.zeros(BLOCKS, PAGE, dtype=torch.int8, device=device)
+        pool = StagingPool(2 * PAGE, 4 * 2 * PAGE, pinned=True)
+        pipe = RestorePipeline(PagedKV({0: [("layer0", kv, PAGE)]}), pool, {0: PAGE}, Counters(), timeout_s=30.0,
+                               max_inflight=2)
+        store = _Store()
+    if driver:
+        pipe.run_driver(lambda: store, on_start=None if device == "cpu" else lambda: torch.cuda.set_device(kv.device))
+    try:
+        pipe.start(_job("A", 0, 24, 0), store)  # 24 pages, 12 batches of 2
+        lander = threading.Thread(target=_land_as_submitted, args=(store, time.monotonic() + 0.5))
+        lander.start()
+        lander.join()
+        return len(store.batches), kv, pipe
+    finally:
+        pipe.stop_driver()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_driver_moves_a_restore_between_the_callers_polls(device: str) -> None:
+    """On a GPU the engine polls once per step, and a long step held every slab; with the driver the whole restore
+    lands while the caller does not poll, and the caller's next poll finishes it, pages in place."""
+    submitted, kv, pipe = _restore_without_polls(driver=True, device=device)
+    assert submitted == 12
+    [job] = pipe.poll(_Store())  # nothing is left to feed
+    assert not job.failed
+    assert kv[:24, 0].cpu().tolist() == list(range(24)) and int(kv[24:].abs().sum()) == 0
+
+
+def test_without_the_driver_a_restore_waits_for_the_callers_polls() -> None:
+    """Control: the same restore, polled by nobody, stays at its first two batches."""
+    submitted, _kv, pipe = _restore_without_polls(driver=False)
+    assert submitted == 2
+    assert pipe.poll(_Store()) == []  # landed, in place, but the remaining batches only now get slabs

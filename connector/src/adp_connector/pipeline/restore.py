@@ -7,13 +7,20 @@ host memory stays bounded whatever the restore's size. Batches are handed out ol
 restores in flight the first one finishes first (its request computes while the next restores) instead of all of
 them finishing together, and restores never hold more slabs than the I/O can use, so saves still find staging.
 Any page not restored fails the whole job (the caller recomputes).
+
+The caller polls once per engine step. On a GPU a thread of the pipeline's own (:meth:`RestorePipeline.run_driver`)
+also moves landed batches into the KV cache and hands their slabs the next batches as they land: polled only, a
+slab waits for the engine's next step twice per cycle (landed -> copied -> free), so a long prefill step stalls every
+restore in flight. Finishing a job (zero-fill, counters, the report) stays with the caller's poll.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -30,6 +37,8 @@ from .staging import StagingPool
 
 log = logging.getLogger("vllm.adp_kv.restore")
 _now = time.monotonic  # the pipeline's clock (a test may set its own)
+DRIVER_COPY_WAIT_S = 0.001  # the driver's wait while a host -> device copy holds a slab
+DRIVER_IDLE_WAIT_S = 0.05  # its wait otherwise (a landed batch wakes it at once)
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
 
@@ -113,25 +122,63 @@ class RestorePipeline:
         self.max_inflight = max_inflight  # batches holding a slab at once (None: as many as there are slabs)
         self.jobs: list[LoadJob] = []
         self.landed_t = 0.0  # when any batch last landed: a restore queued behind others waits while they move
+        self._lock = threading.RLock()  # the caller's start/poll and the driver thread
+        self._wake = threading.Event()  # set when a batch lands
+        self._driver: threading.Thread | None = None
+        self._stopping = False
 
     def start(self, job: LoadJob, store: Store | None) -> None:
         """Track ``job`` and submit its first batches (a job already ``failed`` just finishes at the next poll)."""
-        self.jobs.append(job)
-        if job.failed:
+        with self._lock:
+            self.jobs.append(job)
+            if job.failed:
+                return
+            if store is None:
+                job.fail(Cause.TARGET_UNREACHABLE, "no page store (target unreachable or I/O helper restarting)")
+                return
+            if not job.pages:
+                job.fail(Cause.NOT_PLANNED, "nothing restorable was planned")
+                return
+            by_group: dict[int, list[int]] = defaultdict(list)
+            for i, (gid, _, _) in enumerate(job.pages):
+                by_group[gid].append(i)
+            for gid, idxs in by_group.items():
+                per = max(1, self.pool.slab_bytes // self.page_bytes[gid])
+                job.chunks.extend(LoadChunk(gid, idxs[s0:s0 + per]) for s0 in range(0, len(idxs), per))
+            self._feed(store)
+
+    def run_driver(self, store_of: Callable[[], Store | None],
+                   on_start: Callable[[], None] | None = None) -> None:
+        """Move landed batches into the KV cache in a thread of their own (``store_of``: the current store;
+        ``on_start``: run first in that thread, e.g. to select the KV cache's GPU)."""
+        if self._driver is not None:
             return
-        if store is None:
-            job.fail(Cause.TARGET_UNREACHABLE, "no page store (target unreachable or I/O helper restarting)")
-            return
-        if not job.pages:
-            job.fail(Cause.NOT_PLANNED, "nothing restorable was planned")
-            return
-        by_group: dict[int, list[int]] = defaultdict(list)
-        for i, (gid, _, _) in enumerate(job.pages):
-            by_group[gid].append(i)
-        for gid, idxs in by_group.items():
-            per = max(1, self.pool.slab_bytes // self.page_bytes[gid])
-            job.chunks.extend(LoadChunk(gid, idxs[s0:s0 + per]) for s0 in range(0, len(idxs), per))
-        self._feed(store)
+        self._stopping = False
+        self._driver = threading.Thread(target=self._drive, args=(store_of, on_start), name="adpkv-restore",
+                                        daemon=True)
+        self._driver.start()
+
+    def stop_driver(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._driver is not None:
+            self._driver.join(timeout)
+            self._driver = None
+
+    def _drive(self, store_of: Callable[[], Store | None], on_start: Callable[[], None] | None) -> None:
+        if on_start is not None:
+            on_start()
+        while not self._stopping:
+            with self._lock:
+                copying = any(ch.copied is not None and ch.buf is not None for job in self.jobs for ch in job.chunks)
+            self._wake.wait(DRIVER_COPY_WAIT_S if copying else DRIVER_IDLE_WAIT_S)
+            self._wake.clear()
+            try:
+                with self._lock:
+                    if self.jobs:
+                        self._move(store_of(), _now())
+            except Exception:  # never leave restores without a mover: the caller's poll still runs
+                log.exception("ADP KV: the restore driver failed a pass")
 
     def inflight(self) -> int:
         """Batches holding a staging slab (submitted and not yet copied out)."""
@@ -164,12 +211,22 @@ class RestorePipeline:
                                                  [rows[j].numpy() for j in range(n)])
                 except Exception as exc:
                     job.fail(_exception_cause(exc), f"submitting a batch: {type(exc).__name__}: {exc}")
+                    continue
+                if self._driver is not None:
+                    ch.handle.add_done_callback(self._landed)
+
+    def _landed(self, _handle: Any) -> None:
+        self._wake.set()
 
     def poll(self, store: Store | None) -> list[LoadJob]:
         """Copy landed chunks into the KV cache, feed free slabs; return (and release) the finished jobs."""
-        done: list[LoadJob] = []
-        keep: list[LoadJob] = []
-        now = _now()
+        with self._lock:
+            now = _now()
+            self._move(store, now)
+            return self._finish(now)
+
+    def _move(self, store: Store | None, now: float) -> None:
+        """Copy landed chunks into the KV cache, give copied-out slabs back, feed the free ones."""
         for job in self.jobs:
             for ch in job.chunks:
                 if job.failed:
@@ -188,6 +245,11 @@ class RestorePipeline:
                 self.release(job)
         if store is not None:
             self._feed(store)
+
+    def _finish(self, now: float) -> list[LoadJob]:
+        """Finish the jobs whose pages are all in place (or that failed or timed out); return them."""
+        done: list[LoadJob] = []
+        keep: list[LoadJob] = []
         for job in self.jobs:
             in_place = all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
             if not job.failed and not in_place:

@@ -127,6 +127,8 @@ class WorkerSide:
                                         timeout_s=self.cfg.load_timeout_s, audit=self.audit,
                                         discard_corrupt=self.cfg.save, ledger=self.saves.ledger,
                                         max_inflight=restore_inflight(self.cfg))
+        if devs and devs[0].type == "cuda":  # landed batches move as they land, not at the engine's next step
+            self.restores.run_driver(lambda: self.link.store, on_start=lambda d=devs[0]: torch.cuda.set_device(d))
 
     # ------------------------------------------------------------------ restores
 
@@ -228,6 +230,8 @@ class WorkerSide:
             return []
 
     def close(self) -> None:
-        """Let in-flight saves finish (bounded)."""
+        """Let in-flight saves finish (bounded); stop the restore driver."""
+        if self.restores is not None:
+            self.restores.stop_driver()
         if self.saves is not None:
             self.saves.close(30.0)
