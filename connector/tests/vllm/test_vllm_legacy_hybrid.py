@@ -232,6 +232,17 @@ def _planned_restore(mamba: GroupLayout, mamba_ids: list[int]) -> list[tuple[int
     return sorted(side._meta_loads["r"])
 
 
+def test_the_policy_counts_the_bytes_a_mode_all_restore_reads() -> None:
+    """restore_policy weighs a hit by the bytes its restore reads: on vLLM 0.26 one state of a mode-"all" group (the
+    one 0.26 allocates), on later vLLM every state of the hit (the control)."""
+    attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
+    every = _mamba("all")
+    side = _legacy_side([attn, every])
+    assert side._hit_bytes(0, 48) == 3 * attn.page_bytes + every.page_bytes
+    side.legacy = False
+    assert side._hit_bytes(0, 48) == 3 * (attn.page_bytes + every.page_bytes)
+
+
 def test_a_hit_restores_every_state_in_mode_all_and_the_last_in_align() -> None:
     attn = [(0, 11, b"0:h0"), (0, 12, b"0:h1"), (0, 13, b"0:h2")]
     assert _planned_restore(_mamba("all"), [21, 22, 23]) == [*attn, (1, 21, b"1:h0"), (1, 22, b"1:h1"),
@@ -269,3 +280,34 @@ def test_a_mode_all_hit_restores_the_one_state_vllm_026_allocates() -> None:
     # the same 3-block hit at the stand-ins' block size (16 tokens: 48 of 64), on the table 0.26 builds
     pages = _planned_restore(_mamba("all"), ids)
     assert pages == [(0, 11, b"0:h0"), (0, 12, b"0:h1"), (0, 13, b"0:h2"), (1, ids[2], b"1:h2")]
+
+
+def test_restore_policy_counts_the_other_requests_on_the_gpu() -> None:
+    """restore_policy auto, through the scheduler side: a restore a little slower than its recompute is declined
+    while the request is alone (the control), and taken once two other requests run on the GPU, whom the
+    recompute would delay too (GPU run 9, 8 agents)."""
+    from adp_connector.pipeline.counters import Counters
+    from adp_connector.pipeline.policy import MIN_SAMPLES
+
+    attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
+    namer = SimpleNamespace(hash_block_size=16, key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode())
+    link = SimpleNamespace(store=SimpleNamespace(contains=lambda keys: [True] * len(keys)))
+    side = SchedulerSide(ADPConfig(), [attn], namer, link, Counters(), legacy=True)  # type: ignore[arg-type]
+    assert side.policy is not None  # auto is the default
+    for i in range(MIN_SAMPLES + 1):  # 1000 prompt tokens/s: a 48-token recompute takes 0.048 s
+        side.policy.on_step(float(i), 1000, 0)
+    for i in range(MIN_SAMPLES):  # 1920 B/s from the card: the hit's 192 bytes take 0.1 s
+        side.policy.on_restore_planned(f"m{i}", 192, 10.0 + i)
+        side.policy.on_restore_done(f"m{i}", 10.1 + i)
+
+    def ask(rid: str) -> tuple[int, bool]:
+        req = SimpleNamespace(request_id=rid, block_hashes=["h0", "h1", "h2", "h3"], num_tokens=64,
+                              num_computed_tokens=0, skip_reading_prefix_cache=False)
+        return side.get_num_new_matched_tokens(req, 0)  # type: ignore[arg-type]
+
+    assert ask("alone") == (0, False) and side.counters["restores_declined"] == 1
+    for rid in ("o1", "o2"):  # two requests running on the GPU (admitted, nothing to restore)
+        other = SimpleNamespace(request_id=rid, block_hashes=[], num_tokens=64, num_computed_tokens=0,
+                                num_prompt_tokens=64, skip_reading_prefix_cache=False)
+        side.update_state_after_alloc(other, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)  # type: ignore[arg-type]
+    assert ask("busy") == (48, True)

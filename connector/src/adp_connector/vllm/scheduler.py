@@ -149,7 +149,10 @@ class SchedulerSide:
         for g in self.layouts:
             if g.persists:
                 need = g.needed_blocks(hit // g.block_size)  # a range: counted, not walked (asked every step)
-                total += max(0, need.stop - max(need.start, start // g.block_size)) * g.page_bytes
+                n = max(0, need.stop - max(need.start, start // g.block_size))
+                if n and self.legacy and g.kind is GroupKind.STATE_ALL:
+                    n = 1  # vLLM 0.26 allocates, and the restore reads, only the hit's last state block
+                total += n * g.page_bytes
         return total
 
     def _lookup_keys(self, rid: str, g: GroupLayout, hashes: list, nblk: int) -> list[bytes]:
