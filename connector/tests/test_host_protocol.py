@@ -166,3 +166,56 @@ def test_host_config_validation():
     with pytest.raises(ValueError, match="io_queues"):
         HostConfig(io_queues=500)
     assert HostConfig().hostnqn.startswith("nqn.2014-08.org.nvmexpress:uuid:")
+
+
+class _CountingSocket(socket.socket):
+    """A real socket that counts the receive calls of the payload's size class (what the reader does per PDU)."""
+
+    payload_calls = 0
+
+    def recv_into(self, buffer, nbytes=0, flags=0):
+        if len(buffer) > 4096:
+            type(self).payload_calls += 1
+        return super().recv_into(buffer, nbytes, flags)
+
+
+@pytest.mark.parametrize("waitall", [True, False], ids=["waitall", "control-no-waitall"])
+def test_c2h_payload_arriving_in_pieces_is_received_in_one_call(waitall, monkeypatch):
+    """A payload that trickles in (a receiver faster than its target) costs one receive call, not one per piece.
+
+    The control turns MSG_WAITALL off and must see a call per piece, so the count is really measured.
+    """
+    from adp_connector.nvmeof.host import queue as queue_mod
+    from adp_wire import C2HData
+
+    if not waitall:
+        monkeypatch.setattr(queue_mod, "_WAITALL", 0)
+    size, pieces = 256 * 1024, 32
+    payload = bytes(range(256)) * (size // 256)
+
+    def script(conn, dec):
+        _handshake(conn, dec)
+        cmd = next_pdu(conn, dec)
+        cid = Sqe.decode(cmd.sqe).cid
+        pdu = encode_bytes(C2HData(cid, 0, data=payload, last=True, success=True))
+        head = len(pdu) - size
+        conn.sendall(pdu[:head])
+        step = size // pieces
+        for i in range(pieces):
+            time.sleep(0.003)
+            conn.sendall(pdu[head + i * step:head + (i + 1) * step])
+        conn.recv(1)
+
+    port, _ = scripted_peer(script)
+    sock = socket.create_connection(("127.0.0.1", port))
+    _CountingSocket.payload_calls = 0
+    q = QueuePair(_CountingSocket(fileno=sock.detach()), 0, 4, QueueParams(connect_timeout=2))
+    q.initialize()
+    buf = bytearray(size)
+    q.submit(keep_alive_cmd(), read_into=memoryview(buf), timeout=5).result(5)
+    q.close()
+    assert bytes(buf) == payload
+    if waitall:
+        assert _CountingSocket.payload_calls <= 2
+    else:
+        assert _CountingSocket.payload_calls >= 4

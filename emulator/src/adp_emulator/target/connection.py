@@ -271,8 +271,8 @@ class Connection:
             self.rpos, self.rend = n, got
             return
         got = 0
-        while got < n:
-            r = recv_into(view[got:], n - got)
+        while got < n:  # MSG_WAITALL: one call fills the payload (the loop resumes only after a signal)
+            r = recv_into(view[got:], n - got, socket.MSG_WAITALL)
             if not r:
                 raise ConnectionClosed
             got += r

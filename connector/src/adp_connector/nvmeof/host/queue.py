@@ -6,7 +6,8 @@ Threading model (documented in docs/host-client.md):
   commands are in flight), sends the capsule under the queue's send lock and returns a
   :class:`~concurrent.futures.Future`.
 * One reader thread per queue receives PDUs. C2HData payloads are received with ``recv_into``
-  directly into the caller's buffer (no intermediate copy). CapsuleResp completes the future.
+  (``MSG_WAITALL``: one call per payload) directly into the caller's buffer (no intermediate copy).
+  CapsuleResp completes the future.
 * R2T-solicited H2CData is sent by a per-queue sender thread, never by the reader, so a large write
   can never deadlock against a large read on the same connection.
 * Any transport or protocol failure fails every in-flight command with
@@ -68,11 +69,18 @@ class _Request:
         self.future: Future[Cqe] | None = None if on_done else Future()
 
 
+_WAITALL = socket.MSG_WAITALL
+
+
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` completely from ``sock``; EOF raises NvmeTransportError."""
+    """Fill ``view`` completely from ``sock``; EOF raises NvmeTransportError.
+
+    MSG_WAITALL: the kernel fills the whole view in one call (a 1 MiB payload is one syscall and one GIL
+    release, not one per segment the socket happens to hold); the loop only resumes after a signal.
+    """
     pos, end = 0, len(view)
     while pos < end:
-        n = sock.recv_into(view[pos:], end - pos)
+        n = sock.recv_into(view[pos:], end - pos, _WAITALL)
         if n == 0:
             raise NvmeTransportError("connection closed by the target")
         pos += n
@@ -90,10 +98,10 @@ def _consume(views: list[memoryview], n: int) -> None:
 
 
 def _recv_exact_v(sock: socket.socket, views: list[memoryview]) -> None:
-    """Fill every view in ``views``, in order (one ``recvmsg_into`` per pass over what is left)."""
+    """Fill every view in ``views``, in order (one ``recvmsg_into`` with MSG_WAITALL per pass over what is left)."""
     views = list(views)
     while views:
-        n = sock.recvmsg_into(views)[0]
+        n = sock.recvmsg_into(views, 0, _WAITALL)[0]
         if n == 0:
             raise NvmeTransportError("connection closed by the target")
         _consume(views, n)
