@@ -451,3 +451,17 @@ def test_hardware_is_recorded() -> None:
     hw = host_info()
     assert hw["cpu_cores"] >= 1 and hw["cpu_model"] and hw["date"].endswith("UTC")
     assert hw["gpu_count"] == len(hw["gpus"]) and hw["mem_total_bytes"] > 0
+
+
+def test_save_rates_compare_what_was_asked_of_the_card_with_what_it_wrote():
+    """Issue 14 item 4: a phase that dropped a quarter of its planned pages asked 4/3 of what it wrote."""
+    from adp_testbed.bench.common import save_line, save_rates
+
+    cnt = {"adp_kv_pages_saved": 300.0, "adp_kv_saves_dropped": 100.0, "adp_kv_bytes_saved": 300 * 2e6}
+    r = save_rates(cnt, 2.0)
+    assert r == {"offered_gbps": 0.4, "written_gbps": 0.3, "dropped_share": 0.25}
+    assert "asked 0.40 GB/s wrote 0.30 GB/s dropped 25.0%" in save_line({"saves": r})
+    # the control: a phase that kept up asks exactly what it wrote, and one that planned nothing prints nothing
+    kept = save_rates({"adp_kv_pages_saved": 300.0, "adp_kv_bytes_saved": 300 * 2e6}, 2.0)
+    assert kept["offered_gbps"] == kept["written_gbps"] == 0.3 and kept["dropped_share"] == 0.0
+    assert save_line({"saves": save_rates({}, 2.0)}) == ""

@@ -75,7 +75,7 @@ def _point(client: Client, run: C.Run, arm: str, n: int, srv: Any) -> dict[str, 
         "below_floor_share": round(sum(r.tokens_per_s < floor for r in reqs) / len(reqs), 4),
         "ttft_s": summary([r.ttft_s for r in reqs if r.ttft_s is not None]),
         "prompt_tokens_max": max(r.prompt_tokens for r in reqs),
-        "counters": cnt,
+        "counters": cnt, "saves": C.save_rates(cnt, wall),
         "requests_detail": [dict(r.to_json(), agent=i, turn=j) for i, rs in enumerate(per) for j, r in enumerate(rs)],
     }
 
@@ -121,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
         f"{pt['agents']:3} agents  {pt['agent_tps_mean']:7.1f} tok/s per agent "
         f"(min {pt['agent_tps_min']:.1f})  below floor {pt['below_floor_share']:.0%}  "
         f"TTFT p95 {pt['ttft_s']['p95']}  ext hits {pt['counters']['external_prefix_cache_hits']:.0f}  "
-        f"failed {pt['failed']}"))
+        f"failed {pt['failed']}" + C.save_line(pt)))
     for r in result["ratios"]:
         print(f"adp / other arms at {r['agents']:3} agents: "
               + "  ".join(f"{k[3:]} {v:.2f}x" for k, v in r.items() if k.startswith("vs_")))

@@ -253,6 +253,33 @@ def counter_phase(before: dict[str, float], after: dict[str, float]) -> dict[str
     return SV.delta(SV.counters(after), SV.counters(before))
 
 
+def save_rates(cnt: dict[str, float], wall_s: float) -> dict[str, float]:
+    """The save rate a phase asked of the card against the rate it got (issue 14 item 4), over the phase's wall time.
+
+    ``offered_gbps``: every page the connector planned to write (written + dropped) at the phase's mean page size;
+    ``written_gbps``: the bytes written; ``dropped_share``: the dropped pages' share of those planned. Pages the card
+    already held (``saves_deduped``) are not asked for. Zeros when nothing was saved.
+    """
+    saved, dropped = cnt.get("adp_kv_pages_saved", 0.0), cnt.get("adp_kv_saves_dropped", 0.0)
+    written = cnt.get("adp_kv_bytes_saved", 0.0)
+    page = written / saved if saved else 0.0
+    planned = saved + dropped
+    return {
+        "offered_gbps": round(planned * page / wall_s / 1e9, 3) if wall_s > 0 else 0.0,
+        "written_gbps": round(written / wall_s / 1e9, 3) if wall_s > 0 else 0.0,
+        "dropped_share": round(dropped / planned, 4) if planned else 0.0,
+    }
+
+
+def save_line(pt: dict[str, Any]) -> str:
+    """``pt``'s save rates for its printed line ("" where nothing was planned for the card)."""
+    sv = pt.get("saves") or {}
+    if not sv.get("offered_gbps"):
+        return ""
+    return (f"  saves asked {sv['offered_gbps']:.2f} GB/s wrote {sv['written_gbps']:.2f} GB/s "
+            f"dropped {sv['dropped_share']:.1%}")
+
+
 def print_points(result: dict[str, Any], run: Run, line: Callable[[dict[str, Any]], str]) -> int:
     """Print one line per measured point of each arm; exit status 1 if an arm that was asked for is unavailable."""
     for arm, a in result["arms"].items():

@@ -38,6 +38,7 @@ COUNTERS = (
     "vllm:adp_kv_saves_dropped", "vllm:adp_kv_save_errors", "vllm:adp_kv_lookup_hit_tokens",
     "vllm:adp_kv_load_failures",  # every failed restore, summed over its cause label
     "vllm:adp_kv_restores_declined",  # hits recomputed because the card was estimated slower (restore_policy)
+    "vllm:adp_kv_saves_deduped",  # pages not written again: the card already held them
 )
 
 

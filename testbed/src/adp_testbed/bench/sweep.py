@@ -69,7 +69,7 @@ def _point(client: Client, docs: list[list[int]], run: C.Run, arm: str, users: i
         "ttft_s": summary([r.ttft_s for r in ok if r.ttft_s is not None]),
         "latency_s": summary([r.latency_s for r in ok if r.latency_s is not None]),
         "output_tps": round(sum(r.output_tokens for r in ok) / wall, 2),
-        "requests_per_s": round(len(ok) / wall, 3), "counters": cnt,
+        "requests_per_s": round(len(ok) / wall, 3), "counters": cnt, "saves": C.save_rates(cnt, wall),
     }
 
 
@@ -81,12 +81,16 @@ def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
         if run.params["warmup"]:
             bar = Progress(len(docs), f"{arm} warm-up")
             m0 = srv.metrics()
+            t0 = time.perf_counter()
             res = []
             for d in docs:
                 res.append(client.complete(d, 1))
                 bar.update()
+            wall = time.perf_counter() - t0
             time.sleep(1.0)
-            warm = {"failed": sum(not r.ok for r in res), "counters": C.counter_phase(m0, srv.metrics())}
+            cnt = C.counter_phase(m0, srv.metrics())
+            warm = {"failed": sum(not r.ok for r in res), "wall_s": round(wall, 2), "counters": cnt,
+                    "saves": C.save_rates(cnt, wall)}
         points = [_point(client, docs, run, arm, n, srv) for n in run.params["users"]]
         start_s = srv.start_seconds
     return {"engine_start_s": round(start_s, 1), "warmup": warm, "points": points}
@@ -118,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
     rc = C.print_points(result, run, lambda pt: (
         f"{pt['users']:4} users  TTFT p50 {pt['ttft_s']['p50']} p95 {pt['ttft_s']['p95']}  "
         f"{pt['output_tps']:8.1f} tok/s  failed {pt['failed']}/{pt['requests']}  "
-        f"ext hits {pt['counters']['external_prefix_cache_hits']:.0f}"))
+        f"ext hits {pt['counters']['external_prefix_cache_hits']:.0f}" + C.save_line(pt)))
     for r in result["ratios"]:
         print(f"adp / baseline at {r['users']:4} users: p95 TTFT {r['p95_ttft_vs_baseline']}x  "
               f"failed {r['adp_failed']} vs {r['baseline_failed']}")
