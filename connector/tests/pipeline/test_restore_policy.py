@@ -101,3 +101,19 @@ def test_a_forgotten_restore_leaves_no_sample() -> None:
     p.forget("x")
     p.on_restore_done("x", 5.0)
     assert p.inflight_bytes == 0 and not p._done
+
+
+def test_a_prior_throughput_decides_until_restores_are_measured() -> None:
+    """GPU run 9's sweep, 1 user: an 8k-token, 1 GB hit the GPU recomputes in 0.13 s was restored (every hit was,
+    until four restores were measured) in 0.2-0.3 s. A 4 GB/s prior declines it on an idle engine and still restores
+    it under load; measured restores then replace the prior."""
+    p = RestorePolicy(prior_bytes_per_s=4e9)
+    assert p.choose(8000, GB).restore  # no prefill measured either: restore
+    t = _steps(p, 0.0, MIN_SAMPLES, 8192, 8192 / 63_000)  # ~63k tokens/s
+    idle = p.choose(8000, GB)
+    assert not idle.restore and idle.prior and abs(idle.restore_s - GB / 4e9) < 1e-9
+    assert p.choose(8000, GB, others_active=15).restore  # 15 requests would wait for the recompute
+    assert RestorePolicy().choose(8000, GB).restore  # the control: no prior, the old rule restores it
+    _restores(p, t, MIN_SAMPLES, GB, 0.05)  # this card delivers 20 GB/s: the measurement wins
+    fast = p.choose(8000, GB)
+    assert fast.restore and not fast.prior

@@ -882,6 +882,10 @@ def test_restore_policy_is_checked_at_start_up() -> None:
     assert parse_config({"restore_policy": "always"}).restore_policy == "always"
     with pytest.raises(ConfigError, match="restore_policy'] must be one of auto, always"):
         parse_config({"restore_policy": "sometimes"})
+    assert parse_config({}).restore_prior_gbps == 4.0
+    assert parse_config({"restore_prior_gbps": 0}).restore_prior_gbps == 0.0  # 0: restore every hit until measured
+    with pytest.raises(ConfigError, match=r"restore_prior_gbps'\] must be >= 0"):
+        parse_config({"restore_prior_gbps": -1.0})
 
 
 def conn_cfg(cfg: Any, **changes: Any) -> Any:

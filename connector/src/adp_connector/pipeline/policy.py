@@ -17,8 +17,13 @@ prefill throughput`` longer), a restore takes card time from the restores alread
 slower restore still wins while it delays the engine less (GPU run 9: comparing own latencies alone declined
 most hits at 8 agents, and per-agent speed fell from 12.8 to 10.1 tok/s against run 8's restore-everything).
 
-Until both throughputs have :data:`MIN_SAMPLES` samples every hit is restored, so the rates get measured.
-A declined hit is recomputed: never wrong, only slower when the estimate is. No vLLM import here.
+Until :data:`MIN_SAMPLES` restores are measured, the restore side uses a prior throughput (``prior_bytes_per_s``,
+the connector's ``restore_prior_gbps``): restoring every hit until then made the first requests on an idle engine
+wait for the card where the GPU recomputes faster (GPU run 9's sweep: an 8k-token, 1 GB hit that the H200
+recomputes in 0.13 s, restored in 0.2-0.3 s, so the 1-user point's p95 was 1.4x the baseline's). Under load the
+engine-wide comparison still picks restores with the prior, and the first ones measured replace it. Without a prior,
+or before :data:`MIN_SAMPLES` prefill steps, every hit is restored. A declined hit is recomputed: never wrong, only
+slower when the estimate is. No vLLM import here.
 """
 
 from __future__ import annotations
@@ -42,13 +47,15 @@ class Choice:
     recompute_s: float | None
     restore_delay_s: float | None = None
     recompute_delay_s: float | None = None
+    prior: bool = False  # the restore side is the prior throughput (no restore measured yet)
 
 
 class RestorePolicy:
     """Tracks restore and prefill throughput; :meth:`choose` says whether a hit is worth restoring."""
 
-    def __init__(self, margin: float = 1.0) -> None:
+    def __init__(self, margin: float = 1.0, prior_bytes_per_s: float | None = None) -> None:
         self.margin = margin  # restore while restore_s <= margin * recompute_s
+        self.prior_bytes_per_s = prior_bytes_per_s or None  # restore throughput assumed until one is measured
         self._steps: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (tokens, seconds) of prefill steps
         self._last_step: tuple[float, int] | None = None  # (when, tokens) of the previous step
         self._queued_prefill = 0
@@ -121,6 +128,9 @@ class RestorePolicy:
         """Restore ``hit_tokens`` (``nbytes`` of pages) or recompute them, whichever delays this engine less;
         ``others_active``: the other requests on the GPU (running; not those waiting for their restore)."""
         rbw, pbw = self.restore_bytes_per_s, self.prefill_tokens_per_s
+        prior = rbw is None and self.prior_bytes_per_s is not None
+        if prior:
+            rbw = self.prior_bytes_per_s
         if rbw is None or pbw is None:
             return Choice(True, None, None)
         restore_s = (self.inflight_bytes + nbytes) / rbw
@@ -128,7 +138,7 @@ class RestorePolicy:
         restore_delay = restore_s + len(self._inflight) * nbytes / rbw
         recompute_delay = recompute_s + max(0, others_active) * hit_tokens / pbw
         return Choice(restore_delay <= self.margin * recompute_delay, restore_s, recompute_s, restore_delay,
-                      recompute_delay)
+                      recompute_delay, prior)
 
 
 def _rate(samples: deque[tuple[int, float]]) -> float | None:

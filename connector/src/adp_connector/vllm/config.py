@@ -43,6 +43,7 @@ class ADPConfig:
     min_hit_blocks: int = 1
     min_load_tokens: int = 0
     restore_policy: str = "auto"
+    restore_prior_gbps: float = 4.0
     io_threads: int = 2
     io_process: bool = True
     load_processes: int = 1
@@ -82,6 +83,8 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "restore_policy": ((str,), "auto: restore a hit only while the card, with the restores ahead of it, delivers it "
                        "sooner than the GPU recomputes it with the prefills ahead of it (both rates measured by this "
                        "engine; declined hits counted in restores_declined); always: restore every hit"),
+    "restore_prior_gbps": ((int, float), "auto: the restore throughput (GB/s) assumed until this engine measured four "
+                           "restores (0: restore every hit until then)"),
     "io_threads": ((int,), "concurrent store batches per process"),
     "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
@@ -102,7 +105,7 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
 _POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks", "load_processes",
              "save_processes"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
-                 "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens"}
+                 "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens", "restore_prior_gbps"}
 
 
 MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; each writer helper holds one
@@ -182,8 +185,8 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be {names}, "
                               f"got {v!r} ({type(v).__name__})")
         if isinstance(v, float) and not math.isfinite(v):
-            raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be a finite number of "
-                              f"seconds, got {v!r}")
+            raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be a finite number, "
+                              f"got {v!r}")
         if f.name in _POSITIVE and v <= 0:
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be > 0, got {v!r}")
         if f.name in _NON_NEGATIVE and v < 0:

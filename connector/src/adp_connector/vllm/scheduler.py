@@ -81,7 +81,8 @@ class SchedulerSide:
         # step a request waits (for blocks, or behind others), and each ask is a round trip to the lookup helper
         self._last_lookup: dict[str, tuple[float, int, int, dict[int, list[bool]]]] = {}
         self._lost_gen = 0  # bumped whenever the workers report keys gone: a reused answer may not hide them
-        self.policy = RestorePolicy() if cfg.restore_policy == "auto" else None
+        self.policy = (RestorePolicy(prior_bytes_per_s=cfg.restore_prior_gbps * 1e9)
+                       if cfg.restore_policy == "auto" else None)
 
     # ------------------------------------------------------------------ lookups and restores
 
@@ -135,8 +136,9 @@ class SchedulerSide:
             choice = self.policy.choose(hit - num_computed_tokens, self._hit_bytes(num_computed_tokens, hit), others)
             if not choice.restore:
                 self.counters.add(restores_declined=1)
-                log.debug("ADP KV: %s recomputes its %d-token hit (engine delay: restore ~%.2f s, recompute ~%.2f s)",
-                          rid, hit - num_computed_tokens, choice.restore_delay_s, choice.recompute_delay_s)
+                log.debug("ADP KV: %s recomputes its %d-token hit (engine delay: restore ~%.2f s%s, recompute ~%.2f s)",
+                          rid, hit - num_computed_tokens, choice.restore_delay_s,
+                          " at the prior throughput" if choice.prior else "", choice.recompute_delay_s)
                 self._pending_hit.pop(rid, None)
                 return 0, False
         self._pending_hit[rid] = hit
