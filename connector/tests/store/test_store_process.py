@@ -196,6 +196,40 @@ def test_group_spreads_loads_and_reloads_what_a_reader_has_not_indexed(target, a
     assert not g.alive
 
 
+class _Helper:
+    """A helper as StoreGroup routes to it: its outstanding requests, and the load batches it was given (answered
+    OK at once)."""
+
+    def __init__(self, outstanding: int = 0) -> None:
+        self.outstanding = outstanding
+        self.loads = 0
+        self.info = {"partition": 0}
+
+    def load_batch(self, keys, buffers):
+        from adp_connector.store.results import BatchHandle, PageResult
+
+        self.loads += 1
+        h = BatchHandle("load", len(keys))
+        h._set([PageResult(bytes(k), PageStatus.OK, 1) for k in keys])
+        return h
+
+
+def test_group_sends_loads_past_a_writer_busy_with_saves() -> None:
+    """The fewest outstanding requests win: two readers take every load while the writer has saves queued (in strict
+    turns, the rule before, it would have taken 2 of the 6), and equals take turns."""
+    from adp_connector.store.process import StoreGroup
+
+    writer, r1, r2 = _Helper(outstanding=6), _Helper(), _Helper()
+    g = StoreGroup(writer, [r1, r2])  # type: ignore[arg-type]
+    for _ in range(6):
+        assert [r.status for r in g.load_batch([b"k" * 32], [bytearray(1)]).wait(1)] == [PageStatus.OK]
+    assert writer.loads == 0 and r1.loads == 3 and r2.loads == 3
+    writer.outstanding = 0
+    for _ in range(6):
+        g.load_batch([b"k" * 32], [bytearray(1)]).wait(1)
+    assert writer.loads == 2 and r1.loads == 5 and r2.loads == 5
+
+
 def test_group_reports_the_first_helper_exit_once(target, arena) -> None:
     from adp_connector.store.process import StoreGroup
 

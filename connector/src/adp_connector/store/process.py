@@ -206,6 +206,11 @@ class StoreProcess:
     def alive(self) -> bool:
         return not self._closed and self._proc.poll() is None
 
+    @property
+    def outstanding(self) -> int:
+        """Requests sent to the helper and not answered yet (batches and calls)."""
+        return len(self._pending)
+
     # ------------------------------------------------------------------ batches
 
     def save_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
@@ -395,9 +400,10 @@ class StoreGroup:
     about 1 GB/s of saves while the target could take more. Store format v2 lets several writers share one card
     (each claims its own segments), so a group may have ``W`` writers: a save batch is split by
     :func:`save_owner` (one key always goes to the same writer), as are discards and lookups; each writer has its
-    own stable writer id (:func:`member_writer_id`). Load batches go to every helper in turn, each with its own
-    NVMe/TCP controller. A helper indexes other writers' pages through its refreshes, so pages saved since its last
-    refresh may come back MISSING there: those are loaded again through the key's writer before the batch completes.
+    own stable writer id (:func:`member_writer_id`). Load batches go to the helper with the fewest requests
+    outstanding (in turn among equals), each with its own NVMe/TCP controller. A helper indexes other writers' pages
+    through its refreshes, so pages saved since its last refresh may come back MISSING there: those are loaded again
+    through the key's writer before the batch completes.
     """
 
     def __init__(self, writer: StoreProcess, readers: list[StoreProcess],
@@ -512,10 +518,20 @@ class StoreGroup:
             h.add_done_callback(lambda hh, pos=pos: landed(pos, hh))
         return out
 
-    def load_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
+    def _load_member(self) -> StoreProcess:
+        """The helper a load batch goes to: the one with the fewest requests outstanding, ties taken in turn. A
+        writer still busy with saves then leaves restores to an idle helper (in strict turns, a restore waited behind
+        that writer's saves)."""
         with self._lock:
-            member = self._members[self._turn % len(self._members)]
+            turn = self._turn
             self._turn += 1
+        busy = [m.outstanding for m in self._members]
+        least = min(busy)
+        idle = [m for m, n in zip(self._members, busy, strict=True) if n == least]
+        return idle[turn % len(idle)]
+
+    def load_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
+        member = self._load_member()
         first = member.load_batch(keys, buffers)
         if len(self.writers) == 1 and member is self.writer:
             return first
