@@ -18,7 +18,7 @@ import pytest
 from store_testutil import fast_config
 
 from adp_connector.nvmeof.host import Controller, HostConfig
-from adp_connector.store import KeyNamespace, PageStore
+from adp_connector.store import KeyNamespace, PageStore, StoreConfig
 
 target_mod = pytest.importorskip("adp_emulator.target", reason="the userspace target package is not installed")
 
@@ -63,6 +63,15 @@ class Backend:
             self._user.stop()
             self.start()
 
+    def config(self, **kw: object) -> StoreConfig:
+        """The tests' store config for this backend. A segment claim retries any attempt slower than half its
+        settle time (the race argument needs the write and the read-back inside it); the kernel target runs under
+        QEMU (TCG where the host has no KVM) and reads its tables slower than the 5 ms of ``fast_config``'s settle,
+        so every attempt would be retried and the saves fail ``no_space``. It gets the store's default settle."""
+        if self.kind == "kernel":
+            kw.setdefault("claim_settle_s", 0.25)
+        return fast_config(**kw)
+
     def connect(self) -> Controller:
         host, port = self.addr
         return Controller.connect(HostConfig(traddr=host, trsvcid=port, subnqn=NQN, io_queues=3, queue_depth=32,
@@ -92,13 +101,13 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 def _fresh(backend: Backend, **cfg) -> tuple[Controller, PageStore]:
     ctrl = backend.connect()
-    return ctrl, PageStore(ctrl, fast_config(**cfg))
+    return ctrl, PageStore(ctrl, backend.config(**cfg))
 
 
 def test_round_trip_and_restart(backend: Backend) -> None:
     ctrl = backend.connect()
     PageStore.format(ctrl, partitions=4)
-    store = PageStore(ctrl, fast_config(writer_id=b"engine-A-rank-00"))
+    store = PageStore(ctrl, backend.config(writer_id=b"engine-A-rank-00"))
     ns = KeyNamespace("round-trip", "bfloat16", "LBHNC", 16)
     keys = ns.chain_tokens(list(range(16 * 12)))
     sizes = [1, 4095, 4096, 4097, 65536, MDTS + 1, 200_000, 1 * MiB + 3, 2 * MiB, 3 * MiB + 17, 777, 5 * MiB]
@@ -128,7 +137,7 @@ def test_200k_token_chain_multi_mib_pages(backend: Backend) -> None:
     tokens = [(i * 2654435761) % 151_000 for i in range(782 * bs)]  # 200,192 tokens
     attn = KeyNamespace("hybrid-200k", "bfloat16", "BLHNC", bs, group_id=0)
     ka, km = attn.chain_tokens(tokens), attn.with_group(1).chain_tokens(tokens)
-    s = PageStore(ctrl, fast_config(window_bytes=16 << 20))
+    s = PageStore(ctrl, backend.config(window_bytes=16 << 20))
     pages = {k: os.urandom(64) * 625 for k in ka}  # 40,000-byte attention pages
     state = {km[i]: os.urandom(3 * MiB + 12_345) for i in [*range(0, 782, 100), 781]}  # multi-MiB state
     pages.update(state)
@@ -149,8 +158,8 @@ def test_200k_token_chain_multi_mib_pages(backend: Backend) -> None:
 def test_two_engines_share_one_namespace(backend: Backend) -> None:
     c1, c2 = backend.connect(), backend.connect()
     PageStore.format(c1, partitions=4)
-    a = PageStore(c1, fast_config(writer_id=b"engine-A-rank-00"))
-    b = PageStore(c2, fast_config(writer_id=b"engine-B-rank-00"))
+    a = PageStore(c1, backend.config(writer_id=b"engine-A-rank-00"))
+    b = PageStore(c2, backend.config(writer_id=b"engine-B-rank-00"))
     assert a.partition != b.partition
     ns = KeyNamespace("shared", "bfloat16", "LBHNC", 16)
     ka, kb = ns.chain_tokens(list(range(160))), ns.chain_tokens(list(range(1000, 1160)))

@@ -223,3 +223,21 @@ def test_a_v1_card_is_refused_and_only_reformatted_with_the_flag() -> None:
     s.close()
     # control: a v2 card opens without the flag
     PageStore(dev, fast_config()).close()
+
+
+@pytest.mark.parametrize("settle", [0.002, 0.25], ids=["too-short", "control-default"])
+def test_a_settle_time_too_short_for_the_device_is_named(settle: float, caplog: pytest.LogCaptureFixture) -> None:
+    """A claim (of a writer slot or of segments) retries every attempt slower than half its settle time. On a device
+    that slow every attempt is, so nothing is claimed and every save fails: the log names the cause and the fix. The
+    control (the store's default settle) claims and saves."""
+    dev = MemDevice(8 << 20, delay_s=0.002)  # each command 2 ms: a claim's table reads alone exceed 1 ms
+    s = PageStore(dev, fast_config(segment_bytes=SEG, claim_settle_s=settle))
+    keys = NS.chain_tokens(list(range(8 * 4)))
+    with caplog.at_level("WARNING", logger="adp_connector.store.store"):
+        got = [r.status for r in s.save_batch(keys, [_data(k) for k in keys]).wait(30)]
+    named = "claim_settle_s" in caplog.text
+    if settle < 0.01:
+        assert PageStatus.OK not in got and named
+    else:
+        assert got == [PageStatus.OK] * len(keys) and not named
+    s.close()

@@ -107,7 +107,9 @@ class LeaseMixin(StoreCore):
         cfg = self.config
         settle = cfg.claim_settle_s
         skip: set[int] = set()
-        for _attempt in range(4 * self.geometry.partitions + 8):
+        slow = 0.0  # the slowest attempt retried for taking longer than settle / 2
+        attempts = 4 * self.geometry.partitions + 8
+        for _attempt in range(attempts):
             t0 = time.monotonic()
             recs = self._read_leases()
             cands = self._candidates(recs, time.time_ns(), skip)
@@ -123,7 +125,9 @@ class LeaseMixin(StoreCore):
                               (old.generation if old else 0) + 1, time.time_ns(), int(cfg.lease_ttl_s * 1e9),
                               cfg.writer_label)
             self._write_lease(rec)
-            if time.monotonic() - t0 > settle / 2:
+            took = time.monotonic() - t0
+            if took > settle / 2:
+                slow = max(slow, took)
                 continue  # too slow for the race argument: retry (our own record is preferred next time)
             time.sleep(settle)
             back = self._read_lease(p)
@@ -133,6 +137,11 @@ class LeaseMixin(StoreCore):
                 return p
             skip.add(p)
             time.sleep(random.uniform(0, settle))
+        if slow:
+            log.warning("page store: no writer slot claimed in %d attempts, some slower than half of "
+                        "claim_settle_s (up to %.3f s against %.3f s): the device may answer too slowly for the claim "
+                        "protocol (docs/format.md §9; StoreConfig.claim_settle_s, the same on every writer of a card)",
+                        attempts, slow, settle)
         return None
 
     def _lose_lease(self, why: str) -> None:

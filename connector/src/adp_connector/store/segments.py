@@ -86,6 +86,7 @@ class SegmentMixin(StoreCore):
         many were won. Sets the ``wanted`` hint of the lease when nothing was claimable (handover, §9)."""
         cfg = self.config
         settle = cfg.claim_settle_s
+        slow = 0.0  # the slowest attempt retried for taking longer than settle / 2
         for _attempt in range(_CLAIM_ATTEMPTS):
             w, lease = self._partition, self._lease
             if w is None or lease is None:
@@ -112,7 +113,9 @@ class SegmentMixin(StoreCore):
             written = self._write_segment_records(recs)
             if not any(written):
                 raise SegmentClaimError("segment claim failed: the segment records could not be written")
-            if time.monotonic() - t0 > settle / 2:
+            took = time.monotonic() - t0
+            if took > settle / 2:
+                slow = max(slow, took)
                 continue  # too slow for the race argument: retry (our own records are preferred next time)
             time.sleep(settle)
             try:
@@ -128,6 +131,11 @@ class SegmentMixin(StoreCore):
                 self._wanted = 0
                 self.stats.add(segments_claimed=len(won))
                 return len(won)
+        if slow:
+            log.warning("page store: no segment claimed: %d attempts each took longer than half of "
+                        "claim_settle_s (up to %.3f s against %.3f s): the device answers too slowly for the claim "
+                        "protocol (docs/format.md §9; StoreConfig.claim_settle_s, the same on every writer of a card)",
+                        _CLAIM_ATTEMPTS, slow, settle)
         return 0
 
     def _claim_more(self, lbas: int) -> int:
