@@ -398,7 +398,8 @@ def test_serve_with_mgmt_port_real_http(tmp_path: Path) -> None:
         with httpx.Client(base_url=url, timeout=10) as http:
             ident = http.get(V1 + "/identity").json()
             assert ident["trsvcid"] == int(port) and ident["capacity_bytes"] == 16 * MiB
-            assert http.post(V1 + "/faults/device-full", json={"full": True}).status_code == 401
+            for _ in range(20):  # each answered, never a reset (the guard reads the body it does not parse)
+                assert http.post(V1 + "/faults/device-full", json={"full": True}).status_code == 401
             assert http.post(V1 + "/faults/device-full", json={"full": True},
                              headers={"Authorization": "Bearer nope"}).status_code == 403
             r = http.post(V1 + "/faults/device-full", json={"full": True}, headers={"Authorization": f"Bearer {token}"})
@@ -413,6 +414,43 @@ def test_serve_with_mgmt_port_real_http(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     assert not tok.exists()  # a token dies with its process
+
+
+@pytest.mark.parametrize("size,drained", [(3 * 20_000, True), (200_000, False)], ids=["within-cap", "control-over-cap"])
+def test_an_unauthenticated_body_is_read_before_the_401(size: int, drained: bool) -> None:
+    """The guard answers an unauthenticated POST without parsing its body, but reads (and drops) a body within the
+    size cap first: left in the socket, it turned the server's close into a reset, and the client saw a connection
+    error instead of the 401 (1 in ~40 POSTs over real HTTP). The control: a body over the cap is left unread."""
+    import asyncio
+
+    from adp_emulator.mgmt.app import MAX_BODY_BYTES, RequestGuard
+
+    assert 3 * 20_000 <= MAX_BODY_BYTES < 200_000
+    chunk = 20_000
+    parts = [{"type": "http.request", "body": b"x" * chunk, "more_body": i + 1 < size // chunk}
+             for i in range(size // chunk)]
+    events: list[str] = []
+
+    async def receive() -> dict[str, Any]:
+        events.append("read")
+        return parts.pop(0) if parts else {"type": "http.disconnect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            events.append(f"answer {msg['status']}")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("an unauthenticated request reached the app")
+
+    scope = {"type": "http", "method": "POST", "path": V1 + "/faults/device-full",
+             "headers": [(b"content-type", b"application/json")]}  # no Content-Length: a chunked body
+    asyncio.run(RequestGuard(app, "t" * 32, protect_reads=False)(scope, receive, send))
+    assert events[-1] == "answer 401"
+    assert (events.count("read") == size // chunk) is drained
+    events.clear()
+    scope["headers"] = [(b"content-length", str(512 << 20).encode())]  # declared over the cap: not a byte read
+    asyncio.run(RequestGuard(app, "t" * 32, protect_reads=False)(scope, receive, send))
+    assert events == ["answer 401"]
 
 
 @pytest.mark.parametrize("extra,msg", [
