@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -158,6 +159,15 @@ def failed_future(exc: BaseException) -> Future[None]:
     f: Future[None] = Future()
     f.set_exception(exc)
     return f
+
+def warn_slow_claim(what: str, attempts: int, slow: float, settle: float) -> None:
+    """A writer-slot or segment claim gave up with attempts retried for taking longer than ``settle / 2``: say so
+    (the saves then fail read-only or ``no_space`` without naming why)."""
+    logging.getLogger("adp_connector.store.store").warning(
+        "page store: no %s claimed in %d attempts, some slower than half of claim_settle_s (up to %.3f s against "
+        "%.3f s): the device may answer too slowly for the claim protocol (docs/format.md §9; "
+        "StoreConfig.claim_settle_s, the same on every writer of a card)", what, attempts, slow, settle)
+
 
 class StoreCore:
     """State shared by the parts of :class:`~adp_connector.store.PageStore` (each part is a mixin over it)."""

@@ -6,7 +6,7 @@ import logging
 import random
 import time
 
-from .core import StoreCore
+from .core import StoreCore, warn_slow_claim
 from .format import (
     LEASE_HELD,
     LeaseRecord,
@@ -138,10 +138,7 @@ class LeaseMixin(StoreCore):
             skip.add(p)
             time.sleep(random.uniform(0, settle))
         if slow:
-            log.warning("page store: no writer slot claimed in %d attempts, some slower than half of "
-                        "claim_settle_s (up to %.3f s against %.3f s): the device may answer too slowly for the claim "
-                        "protocol (docs/format.md §9; StoreConfig.claim_settle_s, the same on every writer of a card)",
-                        attempts, slow, settle)
+            warn_slow_claim("writer slot", attempts, slow, settle)
         return None
 
     def _lose_lease(self, why: str) -> None:

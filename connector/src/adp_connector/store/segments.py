@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 
 from .alloc import ExtentAllocator
-from .core import Loc, OwnSegment, StoreCore
+from .core import Loc, OwnSegment, StoreCore, warn_slow_claim
 from .format import (
     EMPTY_SLOT,
     SEGMENT_FREE,
@@ -132,10 +132,7 @@ class SegmentMixin(StoreCore):
                 self.stats.add(segments_claimed=len(won))
                 return len(won)
         if slow:
-            log.warning("page store: no segment claimed: %d attempts each took longer than half of "
-                        "claim_settle_s (up to %.3f s against %.3f s): the device answers too slowly for the claim "
-                        "protocol (docs/format.md §9; StoreConfig.claim_settle_s, the same on every writer of a card)",
-                        _CLAIM_ATTEMPTS, slow, settle)
+            warn_slow_claim("segment", _CLAIM_ATTEMPTS, slow, settle)
         return 0
 
     def _claim_more(self, lbas: int) -> int:
