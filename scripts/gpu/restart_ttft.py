@@ -252,11 +252,15 @@ def main() -> None:
             raise SystemExit("dry run: " + "; ".join(plan["problems"]))
         return
     model = write_model(out, a.shape, max([*lengths, a.decode_context]) + a.decode_tokens + 64)
-    report: dict[str, Any] = {"shape": a.shape, "kv_bytes_per_token": kv_per_token, "lengths": lengths, "arms": {}}
+    from adp_connector.vllm.config import host_defaults
+
+    report: dict[str, Any] = {"shape": a.shape, "kv_bytes_per_token": kv_per_token, "lengths": lengths,
+                              "connector_host_defaults": host_defaults(), "arms": {}}
     connector = {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                  "kv_connector_module_path": "adp_connector.vllm.connector",
-                 "kv_connector_extra_config": {"trsvcid": a.port, "io_queues": 8, "io_threads": 4, "load_processes": 1,
-                                               "max_pending_save_mb": 32768, "staging_mb": 8192,
+                 # the helpers, queues and staging are the connector's host-derived defaults (what a user gets); GPU
+                 # runs 9 and 10 pinned one helper here, which halved the restore rate (docs/benchmarks.md, run 10)
+                 "kv_connector_extra_config": {"trsvcid": a.port, "max_pending_save_mb": 32768,
                                                "load_timeout_s": 300.0}}
     base = {"model": str(model), "max_model_len": max([*lengths, a.decode_context]) + a.decode_tokens + 64,
             "kv_cache_bytes": int(a.kv_cache_gb * 2**30), "prompts": prompts, "kv_bytes_per_token": kv_per_token,
