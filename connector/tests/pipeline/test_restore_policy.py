@@ -56,9 +56,10 @@ def test_queues_on_both_sides_count() -> None:
     assert p.choose(10_000, GB).restore
 
 
-def test_a_recompute_delays_the_other_requests_and_a_restore_the_other_restores() -> None:
+def test_a_recompute_delays_the_other_requests_and_a_restore_delays_none() -> None:
     """GPU run 9, 8 agents: a 5 GB restore slower than its own 1.5 s recompute was declined while 4 other
-    requests shared the GPU; each of them would have waited for that recompute too."""
+    requests shared the GPU; each of them would have waited for that recompute too. GPU run 10: restores are
+    served oldest first, so one waits behind those in flight and they do not wait for it."""
     p = RestorePolicy()
     t = _steps(p, 0.0, 8, 10_000, 1.0)  # 10k tokens/s
     t = _restores(p, t, 8, GB, 0.5)  # 2 GB/s
@@ -66,10 +67,16 @@ def test_a_recompute_delays_the_other_requests_and_a_restore_the_other_restores(
     assert not c.restore and abs(c.restore_delay_s - 1.5) < 1e-9 and abs(c.recompute_delay_s - 1.0) < 1e-9
     c = p.choose(10_000, 3 * GB, others_active=4)  # the recompute delays 4 more requests by 1 s each
     assert c.restore and abs(c.recompute_delay_s - 5.0) < 1e-9 and abs(c.restore_s - 1.5) < 1e-9
-    for i in range(3):  # 3 GB already in flight: this restore ends at 3 s and delays each of those 3 by 1.5 s
+    for i in range(3):  # 3 GB already in flight: this restore ends at 3 s, and the 3 ahead end as before
         p.on_restore_planned(f"q{i}", GB, t)
     c = p.choose(10_000, 3 * GB, others_active=4)
-    assert not c.restore and abs(c.restore_delay_s - 7.5) < 1e-9  # control: 7.5 s against 5 s
+    assert c.restore and abs(c.restore_delay_s - 3.0) < 1e-9  # 3 s against 5 s (run 10's rule: 7.5 s, declined)
+    for i in range(4):  # control: 4 GB more in flight, 5 s behind them: the restore ends at 5 s, after 5 s
+        p.on_restore_planned(f"r{i}", GB, t)
+    c = p.choose(10_000, 3 * GB, others_active=4)
+    assert c.restore and abs(c.restore_delay_s - 5.0) < 1e-9  # a tie restores (margin 1.0)
+    p.on_restore_planned("s", GB, t)
+    assert not p.choose(10_000, 3 * GB, others_active=4).restore  # 5.5 s against 5 s: recompute
 
 
 def test_concurrent_restores_measure_their_aggregate_throughput() -> None:

@@ -12,10 +12,13 @@ queues, so the estimate counts what is ahead of the hit on each:
 
 The two are compared by the delay each choice adds to every request on this engine, not only to the hit's
 own: a recompute takes GPU time from every other active request (each of them waits ``hit_tokens /
-prefill throughput`` longer), a restore takes card time from the restores already in flight (each waits
-``hit bytes / restore throughput`` longer). Alone on the engine, that is the hit's own latency; under load a
-slower restore still wins while it delays the engine less (GPU run 9: comparing own latencies alone declined
-most hits at 8 agents, and per-agent speed fell from 12.8 to 10.1 tok/s against run 8's restore-everything).
+prefill throughput`` longer). A restore delays no other request: the restore pipeline serves restores oldest
+first, so a new one waits behind those in flight (counted in its own time) and they do not wait for it. Alone
+on the engine, that is the hit's own latency either way; under load a slower restore still wins while it delays
+the engine less (GPU run 9: comparing own latencies alone declined most hits at 8 agents, and per-agent speed
+fell from 12.8 to 10.1 tok/s against run 8's restore-everything; GPU run 10: also charging each restore in
+flight with the new one's transfer time, as if they shared the card fairly, still declined 309 times there,
+10.6 tok/s).
 
 Until :data:`MIN_SAMPLES` restores are measured, the restore side uses a prior throughput (``prior_bytes_per_s``,
 the connector's ``restore_prior_gbps``): restoring every hit until then made the first requests on an idle engine
@@ -133,9 +136,9 @@ class RestorePolicy:
             rbw = self.prior_bytes_per_s
         if rbw is None or pbw is None:
             return Choice(True, None, None)
-        restore_s = (self.inflight_bytes + nbytes) / rbw
+        restore_s = (self.inflight_bytes + nbytes) / rbw  # behind the restores in flight, delaying none of them
         recompute_s = (self._queued_prefill + hit_tokens) / pbw
-        restore_delay = restore_s + len(self._inflight) * nbytes / rbw
+        restore_delay = restore_s
         recompute_delay = recompute_s + max(0, others_active) * hit_tokens / pbw
         return Choice(restore_delay <= self.margin * recompute_delay, restore_s, recompute_s, restore_delay,
                       recompute_delay, prior)

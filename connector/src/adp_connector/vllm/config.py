@@ -81,8 +81,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "min_load_tokens": ((int,), "no restore (and no extra engine step) when it adds fewer tokens than this beyond "
                         "the local prefix hit: they are recomputed (0: any gain of a block or more)"),
     "restore_policy": ((str,), "auto: restore a hit only while the card, with the restores ahead of it, delivers it "
-                       "sooner than the GPU recomputes it with the prefills ahead of it (both rates measured by this "
-                       "engine; declined hits counted in restores_declined); always: restore every hit"),
+                       "sooner than the GPU recomputes it with the prefills ahead of it, plus the delay a recompute "
+                       "adds to the other requests on the GPU (both rates measured by this engine; declined hits "
+                       "counted in restores_declined); always: restore every hit"),
     "restore_prior_gbps": ((int, float), "auto: the restore throughput (GB/s) assumed until this engine measured four "
                            "restores (0: restore every hit until then)"),
     "io_threads": ((int,), "concurrent store batches per process"),
