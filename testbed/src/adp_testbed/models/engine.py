@@ -83,6 +83,14 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     kw.update(spec.get("llm_kwargs", {}))
     if spec.get("connector") is not None:
         kw["kv_transfer_config"] = spec["connector"]
+    in_process = _in_process(spec, kw)
+    if in_process:
+        # the engine core and its one worker in this process (vLLM's in-process client, executor "uni"): on a CPU
+        # each of the two processes vLLM would start imports vLLM again (~25 s of a ~32 s start on the 2-core dev
+        # VM). The scheduler and worker halves of the connector then share a process, as they do on a GPU at TP=1
+        # (uni executor inside the engine core); `vllm serve` (the bench scenarios) keeps vLLM's own processes.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        kw.setdefault("distributed_executor_backend", "uni")
     llm = LLM(**kw)
     t_start = time.monotonic() - t0
     if spec.get("ready_marker"):  # tells a watching test that the engine is up (and gives it time to act)
@@ -138,7 +146,7 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception:
         pass
     return {"start_seconds": t_start, "block_size": block_size, "prefill_chunk_tokens": prefill_chunk,
-            "passes": passes}
+            "in_process": in_process, "passes": passes}
 
 
 def run_process_group(argv: Sequence[str], log: IO[str], env: dict[str, str], timeout: float,
@@ -158,6 +166,25 @@ def run_process_group(argv: Sequence[str], log: IO[str], env: dict[str, str], ti
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _in_process(spec: dict[str, Any], kw: dict[str, Any], cuda_available: Callable[[], bool] = _cuda_available) -> bool:
+    """Whether to run the engine core in this process: ``spec['in_process']`` (True / False), or by default ("auto")
+    on a host without a CUDA GPU at one rank."""
+    want = spec.get("in_process", "auto")
+    if want not in (True, False, "auto"):
+        raise ValueError(f"engine spec: in_process must be true, false or \"auto\", got {want!r}")
+    if want != "auto":
+        return bool(want)
+    if int(kw.get("tensor_parallel_size", 1)) != 1 or int(kw.get("pipeline_parallel_size", 1)) != 1:
+        return False
+    return not cuda_available()
 
 
 def run_subprocess(spec: dict[str, Any], workdir: Path, timeout: float = 400) -> dict[str, Any]:
