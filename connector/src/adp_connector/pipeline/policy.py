@@ -138,10 +138,9 @@ class RestorePolicy:
             return Choice(True, None, None)
         restore_s = (self.inflight_bytes + nbytes) / rbw  # behind the restores in flight, delaying none of them
         recompute_s = (self._queued_prefill + hit_tokens) / pbw
-        restore_delay = restore_s
         recompute_delay = recompute_s + max(0, others_active) * hit_tokens / pbw
-        return Choice(restore_delay <= self.margin * recompute_delay, restore_s, recompute_s, restore_delay,
-                      recompute_delay, prior)
+        return Choice(restore_s <= self.margin * recompute_delay, restore_s, recompute_s, restore_s, recompute_delay,
+                      prior)
 
 
 def _rate(samples: deque[tuple[int, float]]) -> float | None:

@@ -19,6 +19,8 @@ from .format import (
 )
 from .results import StoreStats
 
+log = logging.getLogger("adp_connector.store.store")  # the name the other store parts log under
+
 SCAN_CHUNK = 4 << 20  # bytes per read when scanning slot tables
 
 
@@ -160,10 +162,11 @@ def failed_future(exc: BaseException) -> Future[None]:
     f.set_exception(exc)
     return f
 
+
 def warn_slow_claim(what: str, attempts: int, slow: float, settle: float) -> None:
     """A writer-slot or segment claim gave up with attempts retried for taking longer than ``settle / 2``: say so
     (the saves then fail read-only or ``no_space`` without naming why)."""
-    logging.getLogger("adp_connector.store.store").warning(
+    log.warning(
         "page store: no %s claimed in %d attempts, some slower than half of claim_settle_s (up to %.3f s against "
         "%.3f s): the device may answer too slowly for the claim protocol (docs/format.md §9; "
         "StoreConfig.claim_settle_s, the same on every writer of a card)", what, attempts, slow, settle)
