@@ -25,7 +25,7 @@ TOKEN_ENV = "ADP_KV_MGMT_TOKEN"
 FIELD_OPTIONS = {"host": "--host", "port": "--port", "subnqn": "--nqn", "capacity_bytes": "--capacity",
                  "lba_size": "--lba-size", "mdts_bytes": "--mdts", "max_io_queues": "--queues",
                  "queue_depth": "--queue-depth", "backing_path": "--backing", "allowed_hosts": "--allow-host",
-                 "io_workers": "--io-workers", "max_connections": "--max-connections",
+                 "io_workers": "--io-workers", "splice_reads": "--copy-reads", "max_connections": "--max-connections",
                  "handshake_timeout_s": "--handshake-timeout"}
 
 
@@ -81,6 +81,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--require-data-digest", action="store_true", default=None)
     s.add_argument("--io-workers", type=int, metavar="N",
                    help="serve I/O queues in N worker processes (default 0: all in this process)")
+    s.add_argument("--copy-reads", action="store_true", default=None,
+                   help="send read data as a copy of the namespace's bytes (default: spliced from its pages "
+                        "with sendfile, no copy in the target)")
     s.add_argument("--max-connections", type=int, metavar="N",
                    help="open TCP connections served at once; more are closed at accept (default 1024)")
     s.add_argument("--handshake-timeout", type=float, metavar="S",
@@ -217,6 +220,8 @@ def _settings(args: argparse.Namespace) -> Any:
         val = getattr(args, opt)
         if val is not None:
             kw[key] = conv(val)
+    if getattr(args, "copy_reads", None):
+        kw["splice_reads"] = False
     if args.config:
         from adp_emulator.config import load_config
 

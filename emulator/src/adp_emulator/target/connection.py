@@ -14,6 +14,7 @@ of it (reads). A malformed PDU ends this connection only, after a C2HTermReq (as
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -176,6 +177,7 @@ class Connection:
         self.ns = target.namespaces.get(1)
         self.faults = target.faults
         self.mdts = self.settings.mdts_bytes
+        self.splice_reads = self.settings.splice_reads
         self.thread: threading.Thread | None = None
         self.handoff = False  # set by an I/O queue's Connect when the target serves it in a worker process
         self.handed_off = False
@@ -290,8 +292,8 @@ class Connection:
             self._recv_exact(self.sview[:k])
             n -= k
 
-    def _sendmsg(self, bufs: list, total: int) -> None:
-        sent = self.sock.sendmsg(bufs)
+    def _sendmsg(self, bufs: list, total: int, flags: int = 0) -> None:
+        sent = self.sock.sendmsg(bufs, (), flags)
         if sent == total:
             return
         for b in bufs:  # partial send (signal / shutdown): finish piece by piece
@@ -299,7 +301,7 @@ class Connection:
             if sent >= lb:
                 sent -= lb
                 continue
-            self.sock.sendall(memoryview(b)[sent:])
+            self.sock.sendall(memoryview(b)[sent:], flags)
             sent = 0
 
     def _resp(self, cid: int, status: int, dw0: int, dw1: int, sqhd: int | None = None) -> bytes:
@@ -495,7 +497,30 @@ class Connection:
         c.reads += 1
         c.bytes_read += len(view)
         c.record_latency(time.perf_counter_ns() - t0)
-        self._send_data(sqe.cid, view, 0, corrupt)
+        ns = self.ns
+        if self.splice_reads and not corrupt and not self.state.ddgst and ns is not None:
+            self._send_data_spliced(sqe.cid, view, ns.fd, sqe.slba << ns.lba_shift)
+        else:
+            self._send_data(sqe.cid, view, 0, corrupt)
+
+    def _send_data_spliced(self, cid: int, view: memoryview, fd: int, offset: int) -> None:
+        """As :meth:`_send_data` without data digest, the payload spliced from the namespace's ``fd`` at ``offset``
+        by ``os.sendfile``: the socket references the pages (tmpfs, memfd or page cache) instead of this process
+        copying them (``view``, the same bytes, only sizes the PDU)."""
+        use_success = not self.state.sqflow
+        hdr = self.packer.c2h_data(cid, 0, view, last=True, success=use_success)[0]
+        n = len(view)
+        sock = self.sock
+        with self.send_lock:
+            self._sendmsg([hdr], len(hdr), socket.MSG_MORE)
+            out, sent = sock.fileno(), 0
+            while sent < n:  # one call moves it all on a blocking socket; a signal can cut it short
+                k = os.sendfile(out, fd, offset + sent, n - sent)
+                if k == 0:
+                    raise ConnectionClosed
+                sent += k
+            if not use_success:
+                sock.sendall(self._resp(cid, 0, 0, 0))
 
     # ------------------------------------------------------------------------------------------------
     # Solicited data (R2T / H2CData)

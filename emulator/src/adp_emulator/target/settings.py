@@ -77,6 +77,9 @@ class TargetSettings:
     keep_alive_default_ms: int = 120_000  # KATO applied when Connect carries 0 (0 = none)
     # Worker processes serving the I/O queues (0 = every queue in the target process); see target/workers.py.
     io_workers: int = 0
+    # Reads leave through os.sendfile from the namespace's pages (the kernel references them: no copy in this
+    # process); False sends a copy of the mapping's bytes with sendmsg. Data digests and read faults always copy.
+    splice_reads: bool = True
     # Open TCP connections served at once; one more is closed as soon as it is accepted.
     max_connections: int = 1024
     # Seconds a new connection has to send ICReq and its Fabrics Connect, else it is closed (0 = no limit).
@@ -135,6 +138,8 @@ class TargetSettings:
         _ascii("firmware", self.firmware, 8)
         _int("keep_alive_default_ms", self.keep_alive_default_ms, 0, 0xFFFFFFFF)
         _int("io_workers", self.io_workers, 0, 256)
+        if not isinstance(self.splice_reads, bool):
+            raise _fail("splice_reads", f"must be a bool, got {self.splice_reads!r}")
         _int("max_connections", self.max_connections, 1, 1 << 20)
         t = self.handshake_timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 3600:

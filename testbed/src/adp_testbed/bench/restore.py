@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slabs", type=int, default=32, help="batches in flight (staging = slabs x batch)")
     p.add_argument("--target-workers", default="0", help="emulator I/O worker processes, comma-separated")
     p.add_argument("--mdts", default="1M", help="emulator MDTS, comma-separated for several targets")
+    p.add_argument("--target-reads", default="splice",
+                   help="how the emulator sends read data, comma-separated: splice (sendfile from the namespace's "
+                        "pages, its default), copy (sendmsg of a copy)")
     p.add_argument("--backing", help="file backing the card (default: RAM); it is FORMATTED, so a file holding "
                                      "data is refused unless --yes-destroy")
     p.add_argument("--yes-destroy", action="store_true", help="with --backing: format a file that holds data")
@@ -192,6 +195,10 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         print("error: --helpers and --save-processes take comma-separated integers", file=sys.stderr)
         return 2
+    target_reads = args.target_reads.split(",")
+    if not set(target_reads) <= {"splice", "copy"}:
+        print(f"error: --target-reads takes splice and/or copy, got {args.target_reads!r}", file=sys.stderr)
+        return 2
     if min(helpers) < 1 or min(savers) < 1 or max(savers) > 16:
         print("error: --helpers must be >= 1 and --save-processes within 1..16", file=sys.stderr)
         return 2
@@ -210,9 +217,10 @@ def main(args: argparse.Namespace) -> int:
     for i in range(args.slabs):  # page contents, and the staging faulted in before timing (the connector pins it)
         arena.map[i * len(pattern):(i + 1) * len(pattern)] = pattern
     with StreamServer("127.0.0.1") as stream:
-        for mdts, workers in [(parse_size(m), int(w)) for m in args.mdts.split(",")
-                              for w in args.target_workers.split(",")]:
-            with LocalTarget(capacity=capacity, mdts=mdts, io_workers=workers, backing=args.backing) as t:
+        for mdts, workers, reads in [(parse_size(m), int(w), r) for m in args.mdts.split(",")
+                                     for w in args.target_workers.split(",") for r in target_reads]:
+            with LocalTarget(capacity=capacity, mdts=mdts, io_workers=workers, backing=args.backing,
+                             copy_reads=reads == "copy") as t:
                 hc = HostConfig(traddr=t.traddr, trsvcid=t.trsvcid, subnqn=t.subnqn, io_queues=args.queues,
                                 queue_depth=64, command_timeout=120.0)
                 saves: list[dict[str, Any]] = []
@@ -274,7 +282,7 @@ def main(args: argparse.Namespace) -> int:
                     ceiling = stream.measure_cpu(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read")
                     gb = n_pages * page / 1e9
                     gbps = gb / dt
-                    row = {"mdts": mdts, "target_workers": workers, "helpers": h_count,
+                    row = {"mdts": mdts, "target_workers": workers, "target_reads": reads, "helpers": h_count,
                            "queues_per_helper": args.queues, "io_threads": args.io_threads, "into": args.into,
                            "bytes": n_pages * page,
                            "seconds": round(dt, 3), "gbps": round(gbps, 2), **ceiling.as_row(),
@@ -291,7 +299,8 @@ def main(args: argparse.Namespace) -> int:
                                for role, (u, sy) in sorted(r1.items())},
                            "fill_gbps": saves[-1]["gbps"], "saves": saves}
                     rows.append(row)
-                    print(f"MDTS {mdts >> 10}K target workers {workers} helpers {h_count} x {args.queues} queues: "
+                    print(f"MDTS {mdts >> 10}K target workers {workers} ({reads} reads) helpers {h_count} x "
+                          f"{args.queues} queues: "
                           f"restore "
                           f"{row['gbps']:6.2f} GB/s into {args.into} ({row['ratio']:.2f}x the {conns}-stream ceiling "
                           f"{row['ceiling_gbps']:.1f}); CPU s target {row['target_cpu_s']:.1f} helpers "
