@@ -31,22 +31,25 @@ def test_every_option_is_documented() -> None:
 
 
 def test_defaults_derived_from_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """load_processes and staging_mb follow the host (cores, a CUDA GPU, RAM) unless set; io_queues stays 4."""
+    """load_processes, io_queues and staging_mb follow the host (cores, a CUDA GPU, RAM) unless set."""
     from adp_connector.vllm import config
 
-    assert config.host_defaults(16, True, 125 << 30) == {"load_processes": 4, "save_processes": 2,
+    assert config.host_defaults(16, True, 125 << 30) == {"load_processes": 12, "save_processes": 2, "io_queues": 2,
                                                          "staging_mb": 8000}  # the H200 box
     assert config.host_defaults(16, True, 512 << 30)["staging_mb"] == 8192  # capped
-    assert config.host_defaults(64, True, 128 << 30)["load_processes"] == 4  # capped
-    assert config.host_defaults(8, True, 128 << 30)["load_processes"] == 2
-    assert config.host_defaults(2, True, 4 << 30) == {"load_processes": 1, "save_processes": 1, "staging_mb": 1024}
-    assert config.host_defaults(64, False, 32 << 30) == {"load_processes": 1, "save_processes": 1,
+    assert config.host_defaults(64, True, 128 << 30)["load_processes"] == 12  # capped
+    assert config.host_defaults(8, True, 128 << 30)["load_processes"] == 6
+    assert config.host_defaults(2, True, 4 << 30) == {"load_processes": 1, "save_processes": 1, "io_queues": 2,
+                                                      "staging_mb": 1024}
+    assert config.host_defaults(64, False, 32 << 30) == {"load_processes": 1, "save_processes": 1, "io_queues": 4,
                                                          "staging_mb": 2048}  # no GPU
     monkeypatch.setattr(config, "host_defaults", lambda: {"load_processes": 3, "staging_mb": 1500})
     c = parse_config({})
     assert (c.load_processes, c.staging_mb, c.io_queues) == (3, 1500, 4)
     c = parse_config({"load_processes": 1, "staging_mb": 0})  # control: what the user sets wins
     assert (c.load_processes, c.staging_mb) == (1, 0)
+    monkeypatch.setattr(config, "host_defaults", lambda: {"load_processes": 12, "io_queues": 2})
+    assert (parse_config({}).io_queues, parse_config({"io_queues": 8}).io_queues) == (2, 8)
     assert "host: " in options_table()
     monkeypatch.setattr(config, "host_defaults", lambda: {"load_processes": 4, "save_processes": 2, "staging_mb": 1})
     assert parse_config({}).save_processes == 2  # the GPU host's derived writers

@@ -115,7 +115,8 @@ MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devi
 
 # Options whose default comes from the host (host_defaults) when kv_connector_extra_config leaves them out.
 HOST_DERIVED = {
-    "load_processes": "host: min(4, cores // 4) with a CUDA GPU, else 1",
+    "load_processes": "host: min(12, 3 * cores // 4) with a CUDA GPU, else 1",
+    "io_queues": "host: 2 with a CUDA GPU (many helpers of 2 queues), else 4",
     "save_processes": "host: min(2, load_processes) with a CUDA GPU, else 1",
     "staging_mb": "host: RAM / 16, within 1024..8192",
     "max_pending_save_mb": "max(4096, staging_mb)",
@@ -145,21 +146,23 @@ def host_defaults(cpu_count: int | None = None, gpu: bool | None = None,
                   ram_bytes: int | None = None) -> dict[str, int]:
     """Defaults for :data:`HOST_DERIVED` on this host (or the one described).
 
-    Measured on the H200 machine (16 cores; issue 14's runs, 4 target workers): 4 restore helpers
-    (``load_processes``) with 4 queues each were fastest; a busy helper takes about a core, so a GPU host gets one
-    per 4 cores, up to 4. Without a GPU the engine computes on the cores itself: one helper. Staging is 1/16 of the
-    RAM, 1-8 GiB (GPU run 7 dropped saves for want of staging at 8 agents with 4 GiB, where one 40k-token prefill
-    produces 5 GB of pages in about 1.5 s). ``io_queues`` keeps its measured best, 4, everywhere. Saves: one writer
-    helper saved 3.9 GB/s there, two 8.0 GB/s (2.05x), four 8.5 GB/s (2.19x; GPU run 7, docs/benchmarks.md), while 8
-    agents produce ~3 GB/s of KV: a GPU host gets two writers (``save_processes``; each holds one of the card's 16
-    writer slots), never more than its restore helpers.
+    Restores (GPU run 11 on the H200, 16 cores, docs/benchmarks.md): the restore path rose with the helper count at
+    2 queues each (8 target workers: 4 / 8 / 12 helpers 7.1 / 9.0 / 12.4 GB/s into GPU memory; 4 helpers of 4
+    queues 10.2), and the 8-agent run with 12 helpers of 2 queues reached 13.2 tok/s per agent with no save dropped,
+    against 12.0 and 8% dropped with the earlier 4 helpers of 4 queues. A helper is busy only while a restore
+    runs, so a GPU host gets one per 4/3 core, up to 12, each with 2 queues. Without a GPU the engine computes on
+    the cores itself: one helper with 4 queues. Staging is 1/16 of the RAM, 1-8 GiB (GPU run 7 dropped saves for
+    want of staging at 8 agents with 4 GiB, where one 40k-token prefill produces 5 GB of pages in about 1.5 s).
+    Saves: one writer helper saved 3.9 GB/s, two 8.0 GB/s (2.05x), four 8.5 GB/s (2.19x; GPU run 7), while 8 agents
+    produce ~3 GB/s of KV: a GPU host gets two writers (``save_processes``; each holds one of the card's 16 writer
+    slots), never more than its restore helpers.
     """
     cpus = os.cpu_count() if cpu_count is None else cpu_count
     has_gpu = cuda_gpu_present() if gpu is None else gpu
     ram = _ram_bytes() if ram_bytes is None else ram_bytes
-    load = max(1, min(4, (cpus or 1) // 4)) if has_gpu else 1
+    load = max(1, min(12, 3 * (cpus or 1) // 4)) if has_gpu else 1
     return {"load_processes": load, "save_processes": min(2, load) if has_gpu else 1,
-            "staging_mb": max(1024, min(8192, (ram >> 20) // 16))}
+            "io_queues": 2 if has_gpu else 4, "staging_mb": max(1024, min(8192, (ram >> 20) // 16))}
 
 
 def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
