@@ -40,3 +40,23 @@ echo "== gdn-flashinfer $(date +%T)"
 GDN_ARGS="" FAMILY_JOBS=2 FAMILY_TIMEOUT=540 FAMILIES="gdn gdn+corrupt-states" $v families $R/families-flashinfer
 (cd $R && tar czf /root/part-e.tgz families-flashinfer)
 echo "== done $(date +%T)"
+
+# ---- run 11 as it went on, after the chain above ended (same machine, further calls back to back) ----
+# (f) GDN on FlashInfer, second try: the wheels install into /tmp/site through PYTHONPATH, where Python does not
+#     read .pth files, so nvidia-cutlass-dsl's nvidia_cutlass_dsl_packages.pth never put its dsl_packages on the path
+#     (flashinfer.gdn_kernels' SM90 import failed quietly and gdn_prefill raised "SM90 GDN prefill DSL kernel is
+#     unavailable"). Put the path there by hand:
+export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH TMPDIR=/dev/shm
+GDN_ARGS="" FAMILY_JOBS=2 FAMILY_TIMEOUT=480 FAMILIES="gdn gdn+corrupt-states" \
+  bash scripts/gpu/validate.sh families /root/res/fi2        # -> gdn-flashinfer/2-no-quack
+# (g) vLLM's CuTe DSL linear kernels then want quack-kernels; the newest wheel (0.6.5, carried in .whl2) does not
+#     match nvidia-cutlass-dsl 4.6.0 (No module named 'cutlass.base_dsl.enums'):
+pip install --no-deps --no-index --target /tmp/site .whl2/quack_kernels-0.6.5-py3-none-any.whl
+GDN_ARGS="" FAMILY_JOBS=2 FAMILY_TIMEOUT=440 FAMILIES="gdn gdn+corrupt-states" \
+  bash scripts/gpu/validate.sh families /root/res/fi3        # -> gdn-flashinfer/3-quack-0.6.5
+# (h) issue 15/14: helpers x queues on the restore path, 2 queues per helper
+RESTORE_ARGS="--gb 4 --helpers 4,8,12 --queues 2 --target-workers 8,12" \
+  bash scripts/gpu/validate.sh restore-path /root/res/rpq2  # -> restore-path/restore-path-helpers-q2.json
+# (i) issue 14: the 8-agent point with 12 helpers of 2 queues and 8 target workers (adp arm only; against (c)'s arms)
+BENCH_ARGS="--agents 8 --turns 4 --arms adp --target-workers 8 --card-bytes 64G --connector-opt load_processes=12 \
+--connector-opt io_queues=2" bash scripts/gpu/validate.sh agents /root/res/agents-lp12   # -> agents-lp12
