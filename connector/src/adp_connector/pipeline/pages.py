@@ -93,7 +93,7 @@ class PagedKV:
         for _, t, nb in self.rows[gid]:
             per_block = t[0].numel() * t.element_size()
             if nb == per_block:  # page bytes are the block in logical order (gather); index_copy_ takes any strides
-                t.index_copy_(0, ids, src[:, off:off + nb].contiguous().view(t.dtype).reshape(n, *t.shape[1:]))
+                t.index_copy_(0, ids, _rows_as(src[:, off:off + nb], t, n))
             else:  # a padded page: only the real bytes are stored
                 cur = t.index_select(0, ids).contiguous()
                 flat = cur.reshape(n, -1).view(torch.int8)
@@ -112,3 +112,12 @@ def index_tensor(block_ids: list[int], dev: torch.device) -> torch.Tensor:
     if dev.type == "cpu":
         return ids
     return ids.pin_memory().to(dev, non_blocking=True)
+
+
+def _rows_as(cols: torch.Tensor, like: torch.Tensor, n: int) -> torch.Tensor:
+    """The byte columns ``cols`` ``[n, nb]`` (a strided slice of the pages) as ``n`` blocks of ``like``: a view
+    when the slice allows one (its rows stay in place, so the scatter reads the pages directly), else a copy."""
+    try:
+        return cols.view(like.dtype).view(n, *like.shape[1:])
+    except RuntimeError:  # a slice the dtype view cannot describe (offset or stride not a multiple of the element)
+        return cols.contiguous().view(like.dtype).reshape(n, *like.shape[1:])
