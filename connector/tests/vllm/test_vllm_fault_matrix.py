@@ -36,6 +36,7 @@ pytest.importorskip("transformers", reason="random-weight models are generated w
 
 from adp_emulator.target import TargetSettings, UserspaceTarget
 from adp_testbed import models as vm
+from adp_testbed.models.engine import engine_core_in_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               # its checks read the connector's counters through vLLM, which 0.26's LLM class drops for the steps
@@ -60,11 +61,9 @@ def _serve(spec_path: str) -> None:
     kw: dict[str, Any] = dict(model=spec["model"], skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
                               kv_cache_memory_bytes=spec.get("kv_bytes", 128 << 20), max_model_len=4096,
                               enable_prefix_caching=True, prefix_caching_hash_algo="sha256_cbor",
-                              disable_log_stats=False, seed=0, max_num_seqs=1, kv_transfer_config=spec["connector"],
-                              distributed_executor_backend="uni")
-    # the engine core and its worker in this process (as adp_testbed.models.engine does on a host without CUDA): one
-    # vLLM import per engine instead of three on a CPU, and a kill -9 of this process still takes the whole engine
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+                              disable_log_stats=False, seed=0, max_num_seqs=1, kv_transfer_config=spec["connector"])
+    # one vLLM import per engine instead of three on a CPU; a kill -9 of this process still takes the whole engine
+    engine_core_in_process(kw)
     llm = LLM(**kw)
     sock = socket.create_connection(tuple(spec["address"]))
     f = sock.makefile("rwb")

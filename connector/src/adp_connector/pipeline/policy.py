@@ -48,9 +48,13 @@ class Choice:
     restore: bool
     restore_s: float | None
     recompute_s: float | None
-    restore_delay_s: float | None = None
     recompute_delay_s: float | None = None
     prior: bool = False  # the restore side is the prior throughput (no restore measured yet)
+
+    @property
+    def restore_delay_s(self) -> float | None:
+        """What a restore adds to the engine: its own time (it waits behind the restores in flight, delaying none)."""
+        return self.restore_s
 
 
 class RestorePolicy:
@@ -139,8 +143,7 @@ class RestorePolicy:
         restore_s = (self.inflight_bytes + nbytes) / rbw  # behind the restores in flight, delaying none of them
         recompute_s = (self._queued_prefill + hit_tokens) / pbw
         recompute_delay = recompute_s + max(0, others_active) * hit_tokens / pbw
-        return Choice(restore_s <= self.margin * recompute_delay, restore_s, recompute_s, restore_s, recompute_delay,
-                      prior)
+        return Choice(restore_s <= self.margin * recompute_delay, restore_s, recompute_s, recompute_delay, prior)
 
 
 def _rate(samples: deque[tuple[int, float]]) -> float | None:

@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slabs", type=int, default=32, help="batches in flight (staging = slabs x batch)")
     p.add_argument("--target-workers", default="0", help="emulator I/O worker processes, comma-separated")
     p.add_argument("--mdts", default="1M", help="emulator MDTS, comma-separated for several targets")
-    p.add_argument("--target-reads", default="splice",
+    p.add_argument("--target-reads", type=O.choice_list(("splice", "copy")), default=["splice"],
                    help="how the emulator sends read data, comma-separated: splice (sendfile from the namespace's "
                         "pages, its default), copy (sendmsg of a copy)")
     p.add_argument("--backing", help="file backing the card (default: RAM); it is FORMATTED, so a file holding "
@@ -195,10 +195,6 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         print("error: --helpers and --save-processes take comma-separated integers", file=sys.stderr)
         return 2
-    target_reads = args.target_reads.split(",")
-    if not set(target_reads) <= {"splice", "copy"}:
-        print(f"error: --target-reads takes splice and/or copy, got {args.target_reads!r}", file=sys.stderr)
-        return 2
     if min(helpers) < 1 or min(savers) < 1 or max(savers) > 16:
         print("error: --helpers must be >= 1 and --save-processes within 1..16", file=sys.stderr)
         return 2
@@ -218,7 +214,7 @@ def main(args: argparse.Namespace) -> int:
         arena.map[i * len(pattern):(i + 1) * len(pattern)] = pattern
     with StreamServer("127.0.0.1") as stream:
         for mdts, workers, reads in [(parse_size(m), int(w), r) for m in args.mdts.split(",")
-                                     for w in args.target_workers.split(",") for r in target_reads]:
+                                     for w in args.target_workers.split(",") for r in args.target_reads]:
             with LocalTarget(capacity=capacity, mdts=mdts, io_workers=workers, backing=args.backing,
                              copy_reads=reads == "copy") as t:
                 hc = HostConfig(traddr=t.traddr, trsvcid=t.trsvcid, subnqn=t.subnqn, io_queues=args.queues,

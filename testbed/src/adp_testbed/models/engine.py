@@ -85,12 +85,7 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         kw["kv_transfer_config"] = spec["connector"]
     in_process = _in_process(spec, kw)
     if in_process:
-        # the engine core and its one worker in this process (vLLM's in-process client, executor "uni"): on a CPU
-        # each of the two processes vLLM would start imports vLLM again (~25 s of a ~32 s start on the 2-core dev
-        # VM). The scheduler and worker halves of the connector then share a process, as they do on a GPU at TP=1
-        # (uni executor inside the engine core); `vllm serve` (the bench scenarios) keeps vLLM's own processes.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        kw.setdefault("distributed_executor_backend", "uni")
+        engine_core_in_process(kw)
     llm = LLM(**kw)
     t_start = time.monotonic() - t0
     if spec.get("ready_marker"):  # tells a watching test that the engine is up (and gives it time to act)
@@ -166,6 +161,16 @@ def run_process_group(argv: Sequence[str], log: IO[str], env: dict[str, str], ti
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def engine_core_in_process(llm_kwargs: dict[str, Any]) -> None:
+    """Make the next ``LLM(**llm_kwargs)`` run its engine core and its one worker in this process (vLLM's in-process
+    client, executor "uni"). On a CPU each of the two processes vLLM would start imports vLLM again (~25 s of a ~32 s
+    start on the 2-core dev VM). The scheduler and worker halves of the connector then share a process, as they do
+    on a GPU at TP=1 (uni executor inside the engine core); `vllm serve` (the bench scenarios) keeps vLLM's own
+    processes."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    llm_kwargs.setdefault("distributed_executor_backend", "uni")
 
 
 def _cuda_available() -> bool:
