@@ -21,10 +21,11 @@ def _layers(device: str) -> list[tuple[str, torch.Tensor, int]]:
     return [(name, t, t[0].numel() * t.element_size()) for name, t in (("a", a), ("b", b), ("c", c))]
 
 
+@pytest.mark.parametrize("priority", ["high", "normal"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_scatter_then_gather_is_byte_identical(device: str) -> None:
+def test_scatter_then_gather_is_byte_identical(device: str, priority: str) -> None:
     rows = _layers(device)
-    kv = PagedKV({0: rows})
+    kv = PagedKV({0: rows}, restore_priority=priority)
     page = kv.page_bytes(0)
     pages = torch.randint(-128, 128, (3, page), dtype=torch.int8)
     done = kv.scatter(0, [7, 2, 9], pages)
@@ -47,3 +48,17 @@ def test_rows_are_read_in_place_when_the_slice_allows_it() -> None:
     w = _rows_as(odd[:, 65:97], like, 3)
     assert w.shape == (3, 2, 4, 2) and w.data_ptr() != odd[:, 65:].data_ptr()
     assert torch.equal(w.contiguous().view(torch.int8).reshape(3, 32), odd[:, 65:97])
+
+
+def test_restore_priority_is_checked() -> None:
+    with pytest.raises(ValueError, match="restore_priority must be one of high, normal, got 'urgent'"):
+        PagedKV({0: _layers("cpu")}, restore_priority="urgent")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA stream priorities need a GPU")
+def test_restores_run_on_a_stream_above_the_compute_streams_priority() -> None:
+    """high: the restore stream outranks the default (compute) stream; normal (the negative control): it does not."""
+    compute = torch.cuda.current_stream().priority
+    dev = torch.device("cuda")
+    assert PagedKV({0: _layers("cuda")}, restore_priority="high").restore_stream(dev).priority < compute
+    assert PagedKV({0: _layers("cuda")}, restore_priority="normal").restore_stream(dev).priority == compute

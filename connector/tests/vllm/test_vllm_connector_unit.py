@@ -886,6 +886,14 @@ def test_restore_policy_is_checked_at_start_up() -> None:
     assert parse_config({"restore_prior_gbps": 0}).restore_prior_gbps == 0.0  # 0: restore every hit until measured
     with pytest.raises(ConfigError, match=r"restore_prior_gbps'\] must be >= 0"):
         parse_config({"restore_prior_gbps": -1.0})
+    assert parse_config({}).restore_stream_priority == "high"
+    from adp_connector.pipeline.pages import RESTORE_STREAM_PRIORITIES as SINK_VALUES
+    from adp_connector.vllm.config import RESTORE_STREAM_PRIORITIES
+
+    assert set(RESTORE_STREAM_PRIORITIES) == set(SINK_VALUES)  # the option takes exactly what PagedKV takes
+    assert parse_config({"restore_stream_priority": "normal"}).restore_stream_priority == "normal"
+    with pytest.raises(ConfigError, match=r"restore_stream_priority'\] must be one of high, normal, got 'top'"):
+        parse_config({"restore_stream_priority": "top"})
 
 
 def conn_cfg(cfg: Any, **changes: Any) -> Any:

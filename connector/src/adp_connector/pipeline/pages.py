@@ -2,7 +2,10 @@
 
 A page of group ``g`` is the concatenation, layer by layer, of the first ``nbytes`` bytes of block ``b`` of each
 layer tensor (``tensor[b]`` in logical order; tensors may be strided views). On a GPU, gathers are queued on the
-current (compute) stream and restores copied and scattered on a side stream.
+current (compute) stream and restores copied and scattered on a side stream, by default of a higher priority than
+the compute stream: the scatter's kernels then start ahead of queued prefill kernels instead of waiting until a long
+prefill step drains, and a request waiting for its restore waits less (the compute stream loses as much GPU time as
+the scatter takes, which it would spend anyway).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 Rows = list[tuple[str, torch.Tensor, int]]  # (layer name, block-major tensor, page bytes of that layer)
+RESTORE_STREAM_PRIORITIES = {"high": -1, "normal": 0}  # CUDA stream priority (lower is sooner; compute runs at 0)
 
 
 class PageSink(Protocol):
@@ -33,9 +37,14 @@ class PageSink(Protocol):
 class PagedKV:
     """The registered KV tensors of every group, as pages (``rows[gid]``; ``unstored[gid]``: zero-filled layers)."""
 
-    def __init__(self, rows: dict[int, Rows], unstored: dict[int, list[torch.Tensor]] | None = None) -> None:
+    def __init__(self, rows: dict[int, Rows], unstored: dict[int, list[torch.Tensor]] | None = None,
+                 restore_priority: str = "high") -> None:
+        if restore_priority not in RESTORE_STREAM_PRIORITIES:
+            raise ValueError(f"restore_priority must be one of {', '.join(RESTORE_STREAM_PRIORITIES)}, "
+                             f"got {restore_priority!r}")
         self.rows = rows
         self.unstored = unstored or {}
+        self.restore_priority = restore_priority
         self._h2d_stream: Any = None
 
     def device(self, gid: int) -> torch.device:
@@ -79,13 +88,17 @@ class PagedKV:
         if dev.type == "cpu":
             self._scatter_rows(gid, index_tensor(block_ids, dev), pages)
             return None
-        if self._h2d_stream is None:
-            self._h2d_stream = torch.cuda.Stream(device=dev)
-        with torch.cuda.stream(self._h2d_stream):
+        with torch.cuda.stream(self.restore_stream(dev)):
             self._scatter_rows(gid, index_tensor(block_ids, dev), pages.to(dev, non_blocking=True))
             done = torch.cuda.Event()
             done.record()
         return done
+
+    def restore_stream(self, dev: torch.device) -> Any:
+        """The side stream restores are copied and scattered on (created on first use, at ``restore_priority``)."""
+        if self._h2d_stream is None:
+            self._h2d_stream = torch.cuda.Stream(device=dev, priority=RESTORE_STREAM_PRIORITIES[self.restore_priority])
+        return self._h2d_stream
 
     def _scatter_rows(self, gid: int, ids: torch.Tensor, src: torch.Tensor) -> None:
         off = 0

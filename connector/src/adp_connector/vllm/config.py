@@ -44,6 +44,7 @@ class ADPConfig:
     min_load_tokens: int = 0
     restore_policy: str = "auto"
     restore_prior_gbps: float = 4.0
+    restore_stream_priority: str = "high"
     io_threads: int = 2
     io_process: bool = True
     load_processes: int = 1
@@ -86,6 +87,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
                        "counted in restores_declined); always: restore every hit"),
     "restore_prior_gbps": ((int, float), "auto: the restore throughput (GB/s) assumed until this engine measured four "
                            "restores (0: restore every hit until then)"),
+    "restore_stream_priority": ((str,), "GPU: high: restored pages are copied into the KV cache on a CUDA stream of "
+                                "a higher priority than the engine's compute (its kernels start ahead of queued "
+                                "prefill kernels); normal: the compute stream's priority"),
     "io_threads": ((int,), "concurrent store batches per process"),
     "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
@@ -111,6 +115,7 @@ _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "ref
 
 MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; each writer helper holds one
 RESTORE_POLICIES = ("auto", "always")
+RESTORE_STREAM_PRIORITIES = ("high", "normal")
 MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devices need no more)
 
 # Options whose default comes from the host (host_defaults) when kv_connector_extra_config leaves them out.
@@ -219,6 +224,9 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
     if cfg.restore_policy not in RESTORE_POLICIES:
         raise ConfigError(f"ADPConnector: kv_connector_extra_config['restore_policy'] must be one of "
                           f"{', '.join(RESTORE_POLICIES)}, got {cfg.restore_policy!r}")
+    if cfg.restore_stream_priority not in RESTORE_STREAM_PRIORITIES:
+        raise ConfigError(f"ADPConnector: kv_connector_extra_config['restore_stream_priority'] must be one of "
+                          f"{', '.join(RESTORE_STREAM_PRIORITIES)}, got {cfg.restore_stream_priority!r}")
     return cfg
 
 
