@@ -1,0 +1,41 @@
+"""scripts/gpu/scatter_bench.py (the scatter alone, idle and under a compute load) runs end to end on a CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "gpu" / "scatter_bench.py"
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=240,
+                          env=env, cwd=tmp_path)
+
+
+def test_scatter_bench_reports_every_point(tmp_path: Path) -> None:
+    out = tmp_path / "scatter.json"
+    r = _run(tmp_path, "--device", "cpu", "--gb", "0.14", "--blocks", "64", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["page_bytes"] == 2 << 20 and res["host_cores"] == os.cpu_count()
+    pts = {(p["priority"], p["compute_load"]): p for p in res["points"]}
+    assert set(pts) == {(pr, busy) for pr in ("normal", "high") for busy in (False, True)}
+    assert all(p["gbps"] > 0 and p["bytes"] == 2 * 64 << 20 for p in pts.values())
+    assert "compute_share_kept" in pts[("high", True)] and "compute_share_kept" not in pts[("high", False)]
+
+
+def test_scatter_bench_without_a_gpu_says_so(tmp_path: Path) -> None:
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this host has a GPU")
+    r = _run(tmp_path, "--gb", "0.1")
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == (
+        "scatter_bench: no CUDA device (--device cpu runs the smoke test)")

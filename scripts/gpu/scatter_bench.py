@@ -1,0 +1,155 @@
+"""The restore's last step alone: pinned host pages scattered into an 8B-shaped KV cache, with the GPU idle or busy.
+
+    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json        # on the H200 (scripts/gpu/run12.sh)
+    python3 scripts/gpu/scatter_bench.py --gb 0.25 --device cpu            # a smoke run without a GPU
+
+Each point moves ``--gb`` of 2 MiB pages (32 layers x K/V x 16 tokens x 8 heads x 128 dims, bf16: the Llama-3.1-8B
+shape of the GPU runs) from 64 MiB slabs of a ``cudaHostRegister``-pinned ``memfd`` (as the connector's staging
+arena) through ``PagedKV.scatter`` into random blocks of the layers, recycling a slab when its copy event has fired,
+as the restore pipeline's driver thread does. Points: the restore stream at ``normal`` and ``high`` priority, with
+the GPU idle and with a compute load (bf16 matmuls queued on the default stream by another thread, as a prefill
+step queues its kernels). Reported: GB/s into the KV cache, the driver thread's CPU seconds per GB, and the compute
+load's matmuls per second during the scatter against alone (what the scatter takes from the prefill).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import platform
+import threading
+import time
+from typing import Any
+
+import torch
+
+from adp_connector.pipeline import PagedKV
+
+LAYERS, TOKENS, HEADS, DIM = 32, 16, 8, 128
+SLAB_PAGES = 32  # 64 MiB slabs, as the connector's
+ARENA_SLABS = 32
+
+
+class ComputeLoad:
+    """Square bf16 matmuls queued on this thread's default stream until stopped; counts those completed."""
+
+    def __init__(self, device: torch.device, n: int) -> None:
+        self.a = torch.randn((n, n), dtype=torch.bfloat16, device=device)
+        self.b = torch.randn((n, n), dtype=torch.bfloat16, device=device)
+        self.c = torch.empty_like(self.a)
+        self.done = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        cuda = self.a.device.type == "cuda"
+        while not self.stop.is_set():
+            for _ in range(32):
+                torch.matmul(self.a, self.b, out=self.c)
+            if cuda:
+                torch.cuda.current_stream().synchronize()
+            self.done += 32
+
+    def rate(self, seconds: float) -> float:
+        """Matmuls per second over ``seconds`` (counted from now)."""
+        start = self.done
+        time.sleep(seconds)
+        return (self.done - start) / seconds
+
+
+def scatter_point(kv: PagedKV, arena: torch.Tensor, page: int, blocks: int, total: int) -> tuple[float, float]:
+    """Scatter ``total`` bytes of pages; (seconds, driver-thread CPU seconds)."""
+    slab = SLAB_PAGES * page
+    slabs = arena.numel() // slab
+    events: list[Any] = [None] * slabs
+    gen = torch.Generator().manual_seed(1)
+    n = total // slab
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for i in range(n):
+        s = i % slabs
+        while events[s] is not None and not events[s].query():  # the slab's previous copy has run: it takes the
+            time.sleep(0.0005)                                     # next batch (polled, as the restore driver does)
+        ids = torch.randperm(blocks, generator=gen)[:SLAB_PAGES].tolist()
+        events[s] = kv.scatter(0, ids, arena[s * slab:(s + 1) * slab].view(SLAB_PAGES, page))
+    for e in events:
+        if e is not None:
+            e.synchronize()
+    return time.perf_counter() - t0, time.thread_time() - c0
+
+
+def pinned_arena(nbytes: int, pin: bool) -> tuple[torch.Tensor, Any]:
+    """A ``memfd`` mapping as an int8 tensor, page-locked with ``cudaHostRegister`` when ``pin``."""
+    fd = os.memfd_create("scatter-bench")
+    os.ftruncate(fd, nbytes)
+    mem = mmap.mmap(fd, nbytes)
+    os.close(fd)
+    t = torch.frombuffer(mem, dtype=torch.int8)
+    t.fill_(7)
+    if pin and torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0) != 0:
+        raise SystemExit("scatter_bench: cudaHostRegister of the arena failed")
+    return t, mem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gb", type=float, default=16.0, help="bytes scattered per point, in GB")
+    ap.add_argument("--blocks", type=int, default=4096, help="KV-cache blocks per layer")
+    ap.add_argument("--matmul", type=int, default=8192, help="side of the compute load's square matmuls")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--out", help="write the results JSON here")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("scatter_bench: no CUDA device (--device cpu runs the smoke test)")
+    layers = [(f"layer{i}", torch.zeros((args.blocks, 2, TOKENS, HEADS, DIM), dtype=torch.bfloat16, device=dev),
+               2 * TOKENS * HEADS * DIM * 2) for i in range(LAYERS)]
+    page = sum(nb for _, _, nb in layers)
+    arena, mem = pinned_arena(ARENA_SLABS * SLAB_PAGES * page, cuda)
+    total = max(SLAB_PAGES * page, int(args.gb * 1e9))
+    load = ComputeLoad(dev, args.matmul if cuda else 256)
+    load.thread.start()
+    alone = load.rate(2.0 if cuda else 0.5)
+    load.stop.set()
+    load.thread.join()
+    points = []
+    for busy in (False, True):
+        for priority in ("normal", "high"):
+            kv = PagedKV({0: layers}, restore_priority=priority)
+            scatter_point(kv, arena, page, args.blocks, SLAB_PAGES * page * 4)  # warm-up: stream, allocator
+            load = ComputeLoad(dev, args.matmul if cuda else 256)
+            if busy:
+                load.thread.start()
+                time.sleep(0.5)
+            m0 = load.done
+            seconds, cpu = scatter_point(kv, arena, page, args.blocks, total)
+            m1 = load.done
+            load.stop.set()
+            if busy:
+                load.thread.join()
+            moved = total // (SLAB_PAGES * page) * SLAB_PAGES * page
+            row = {"priority": priority, "compute_load": busy, "bytes": moved, "seconds": round(seconds, 4),
+                   "gbps": round(moved / seconds / 1e9, 2), "driver_cpu_s_per_gb": round(cpu / (moved / 1e9), 4),
+                   "stream_priority": kv.restore_stream(dev).priority if cuda else None}
+            if busy:
+                row["matmuls_per_s"] = round((m1 - m0) / seconds, 1)
+                row["matmuls_per_s_alone"] = round(alone, 1)
+                row["compute_share_kept"] = round((m1 - m0) / seconds / alone, 3) if alone else None
+            print(json.dumps(row), flush=True)
+            points.append(row)
+    result = {"gpu": torch.cuda.get_device_name(dev) if cuda else None, "host_cores": os.cpu_count(),
+              "host": platform.node(), "torch": torch.__version__, "page_bytes": page, "slab_bytes": SLAB_PAGES * page,
+              "blocks": args.blocks, "matmul": args.matmul, "points": points}
+    if cuda:
+        torch.cuda.cudart().cudaHostUnregister(arena.data_ptr())
+    del arena
+    mem.close()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
