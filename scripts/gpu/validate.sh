@@ -4,6 +4,7 @@
 # part of this repository; device-install.sh exports PYTHONPATH/PATH and VLLM_USE_FLASHINFER_SAMPLER=0):
 #   source .vllm-gpu/bin/device-install.sh && bash scripts/gpu/validate.sh correctness|restart OUTDIR
 # gpu-unit:    the connector's GPU data-path unit tests (side-stream copies, pinned shared staging).
+# scatter:     scripts/gpu/scatter_bench.py (the restore's scatter at both stream priorities, idle and busy GPU).
 # correctness: gpu-unit, connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,
 #              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
 # datapath:    client reads into GPU memory through pinned buffers, 1..16 queues, target I/O workers 0/4/8.
@@ -43,6 +44,11 @@ case "$what" in
       "$root/connector/tests/vllm/test_vllm_connector_unit.py" -k "gpu or strided" 2>&1 | tail -4 | tee "$out/gpu-unit.txt"
     PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 180 python3 -m pytest -q -p no:cacheprovider -rs \
       "$root/connector/tests/pipeline" 2>&1 | tail -6 | tee -a "$out/gpu-unit.txt"
+    ;;
+  scatter)  # the restore's scatter alone (scripts/gpu/scatter_bench.py): both restore-stream priorities, idle and
+            # under a compute load; SCATTER_GB bytes per point (default 16)
+    timeout 240 python3 "$root/scripts/gpu/scatter_bench.py" --gb "${SCATTER_GB:-16}" --out "$out/scatter.json" \
+      > "$out/scatter.txt" 2>&1; echo "scatter rc=$?"; tail -5 "$out/scatter.txt"
     ;;
   correctness)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"

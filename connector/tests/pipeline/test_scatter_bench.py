@@ -16,7 +16,8 @@ SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "gpu" / "scatter_benc
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    src = str(Path(__file__).resolve().parents[2] / "src")  # before the caller's path (where torch may live)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p))
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=240,
                           env=env, cwd=tmp_path)
 

@@ -13,3 +13,31 @@ def fast_config(**kw: object) -> StoreConfig:
                                "avg_page_bytes": 16 << 10}
     base.update(kw)
     return StoreConfig(**base)  # type: ignore[arg-type]
+
+
+def timed_connect(host: object, log_path: str, delay_s: float) -> object:
+    """A helper's ``open_device`` for tests: waits ``delay_s`` (a slow store open), connects, and appends
+    ``pid start end`` (wall-clock seconds) to ``log_path``."""
+    import os
+    import time
+
+    from adp_connector.nvmeof.host import Controller
+
+    t0 = time.time()
+    time.sleep(delay_s)
+    ctrl = Controller.connect(host)  # type: ignore[arg-type]
+    with open(log_path, "a") as f:
+        f.write(f"{os.getpid()} {t0} {time.time()}\n")
+    return ctrl
+
+
+def open_spans(log_path: str) -> list[tuple[int, float, float]]:
+    """The (pid, start, end) lines :func:`timed_connect` wrote, in order of start."""
+    with open(log_path) as f:
+        rows = [line.split() for line in f if line.strip()]
+    return sorted(((int(p), float(a), float(b)) for p, a, b in rows), key=lambda r: r[1])
+
+
+def all_overlap(spans: list[tuple[int, float, float]]) -> bool:
+    """Whether one instant lies inside every span (each started before any of them ended)."""
+    return max(s for _, s, _ in spans) < min(e for _, _, e in spans)

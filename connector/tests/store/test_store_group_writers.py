@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
-from store_testutil import PROCESS_NQN
+from store_testutil import PROCESS_NQN, all_overlap, open_spans, timed_connect
 
 from adp_connector.nvmeof.host import Controller, HostConfig
 from adp_connector.store import PageStatus, PageStore, StoreConfig
-from adp_connector.store.process import SharedArena, StoreGroup, member_writer_id, save_owner
+from adp_connector.store.process import SharedArena, StoreGroup, StoreProcess, member_writer_id, save_owner
 
 target_mod = pytest.importorskip("adp_emulator.target", reason="the userspace target package is not installed")
 
@@ -186,3 +187,31 @@ def test_extra_writers_without_a_free_slot_read_and_the_group_saves_with_the_res
     finally:
         g.close()
     view.release()
+
+
+def test_after_the_first_writer_the_other_helpers_open_their_stores_together(target, arena, tmp_path,
+                                                                               monkeypatch) -> None:
+    """The first writer opens alone (it formats a blank card); the other writer and the readers then open at the
+    same time: every one of their opens overlaps every other (one after the other, 12 helpers took 13 s on the
+    H200, past the engine's connect_timeout_s). Negative control: two helpers started in turn do not overlap."""
+    here = str(Path(__file__).resolve().parent)  # the helpers import store_testutil.timed_connect from here
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p))
+    log = str(tmp_path / "opens")
+    g = StoreGroup.start(timed_connect, (_host(target), log, 3.0), _cfg(), arena, readers=3, writers=2)
+    try:
+        spans = open_spans(log)
+        assert [p for p, _, _ in spans].count(g.writer.pid) == 1 and len(spans) == 5
+        first, others = spans[0], spans[1:]
+        assert first[0] == g.writer.pid and first[2] <= min(s for _, s, _ in others)
+        assert all_overlap(others) and len(g.writers) == 2 and len(g.readers) == 3
+    finally:
+        g.close()
+    log2 = str(tmp_path / "in-turn")
+    rc = replace(_cfg(), writer=False)
+    one = StoreProcess.start(timed_connect, (_host(target), log2, 0.5), rc, arena)
+    two = StoreProcess.start(timed_connect, (_host(target), log2, 0.5), rc, arena)
+    try:
+        assert not all_overlap(open_spans(log2))
+    finally:
+        one.close()
+        two.close()

@@ -510,6 +510,9 @@ def test_gpu_pages_cross_on_side_streams(io_process: bool) -> None:
         kv = {n: t.permute(0, 2, 1, 3) for n, t in phys.items()}
         worker.register_kv_caches(kv)
         assert worker.worker_side.pool is not None and worker.worker_side.pool.pinned
+        # the host's defaults on a GPU host: many helpers and a large pinned arena, which may take longer than
+        # connect_timeout_s to come up (the engine then serves without the cache meanwhile): wait for them here
+        assert worker.worker_side.link.wait_ready(120) is not None
         keys = [bytes([i]) * 32 for i in (1, 2, 3)]
         expected = {n: kv[n][1:4].clone() for n in LAYERS}
         torch.cuda._sleep(200_000_000)  # keep the compute stream busy: the gather and copy must queue behind it

@@ -138,6 +138,44 @@ class StoreProcessError(RuntimeError):
     """The helper process could not open the store, or went away."""
 
 
+
+class StartingHelper:
+    """A helper process started by :meth:`StoreProcess.spawn` that has not reported its store open yet."""
+
+    def __init__(self, cls: type[StoreProcess], proc: subprocess.Popen, conn: Connection, arena: SharedArena) -> None:
+        self._cls = cls
+        self.proc = proc
+        self.conn = conn
+        self.arena = arena
+
+    def ready(self, timeout: float, on_exit: Callable[[str], None] | None = None) -> StoreProcess:
+        """Wait up to ``timeout`` s for the helper's store; raises :class:`StoreProcessError` (the helper's error
+        text, or the timeout) and ends the process if it does not open."""
+        conn, proc = self.conn, self.proc
+        try:
+            if not conn.poll(timeout):
+                raise StoreProcessError(f"store process did not open the store in {timeout} s")
+            kind, payload = conn.recv()
+        except (EOFError, OSError) as exc:
+            proc.kill()
+            conn.close()
+            raise StoreProcessError(f"store process exited during start-up (rc={proc.wait()})") from exc
+        except BaseException:
+            self.abort()
+            raise
+        if kind != "ready":
+            conn.close()
+            proc.wait()
+            raise StoreProcessError(payload)
+        return self._cls(proc, conn, self.arena, on_exit, payload)
+
+    def abort(self) -> None:
+        """End the helper before it is ready."""
+        self.proc.kill()
+        self.proc.wait()
+        self.conn.close()
+
+
 class StoreProcess:
     """The subset of :class:`PageStore` the connector's worker side uses, served by a helper process."""
 
@@ -167,6 +205,13 @@ class StoreProcess:
         ``open_device`` must be importable by reference (a module-level function or a classmethod). Raises
         :class:`StoreProcessError` with the helper's error text if it cannot open the store in ``timeout`` s.
         """
+        return cls.spawn(open_device, device_args, config, arena).ready(timeout, on_exit)
+
+    @classmethod
+    def spawn(cls, open_device: Callable[..., Any], device_args: tuple, config: StoreConfig,
+              arena: SharedArena) -> StartingHelper:
+        """Start the helper process and send it its store config, without waiting for it (:meth:`start` waits):
+        several helpers then open their stores at the same time."""
         parent_sock, child_sock = socket.socketpair()
         env = dict(os.environ)  # the helper imports this package from where the caller found it
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -178,25 +223,13 @@ class StoreProcess:
         finally:
             child_sock.close()
         conn = Connection(parent_sock.detach())
+        starting = StartingHelper(cls, proc, conn, arena)
         try:
             conn.send((open_device, device_args, config))
-            if not conn.poll(timeout):
-                raise StoreProcessError(f"store process did not open the store in {timeout} s")
-            kind, payload = conn.recv()
         except (EOFError, OSError) as exc:
-            proc.kill()
-            conn.close()
+            starting.abort()
             raise StoreProcessError(f"store process exited during start-up (rc={proc.wait()})") from exc
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            conn.close()
-            raise
-        if kind != "ready":
-            conn.close()
-            proc.wait()
-            raise StoreProcessError(payload)
-        return cls(proc, conn, arena, on_exit, payload)
+        return starting
 
     @property
     def pid(self) -> int:
@@ -440,26 +473,30 @@ class StoreGroup:
         base = bytes(config.writer_id) if config.writer_id is not None else os.urandom(16)
         started: list[StoreProcess] = []
         slotless: list[StoreProcess] = []  # extra writers the card had no slot for: they read
+        pending: list[StartingHelper] = []
         try:
+            # The first writer formats a blank card; then every other helper opens its store at the same time
+            # (one after the other, 12 helpers took 13 s on the H200, past the engine's connect_timeout_s).
             started.append(StoreProcess.start(open_device, device_args, config, arena, timeout=timeout,
                                               on_exit=exited))
             for i in range(1, writers):
-                if slotless:  # the card's slots are taken: the rest would find none either
-                    break
                 wc = dataclasses.replace(config, writer=True, writer_id=member_writer_id(base, i),
                                          writer_label=f"{config.writer_label} writer {i}", preferred_partition=None)
-                sp = StoreProcess.start(open_device, device_args, wc, arena, timeout=timeout, on_exit=exited)
-                (started if sp.info.get("partition") is not None else slotless).append(sp)
-            got = len(started)
-            if got < writers:
-                log.warning("page store: %d of %d writer helpers got a writer slot on the card (the others are held "
-                            "by other writers); saving with %d", got, writers, got)
+                pending.append(StoreProcess.spawn(open_device, device_args, wc, arena))
             rc = dataclasses.replace(config, writer=False, writer_label=f"{config.writer_label} reader")
-            while len(started) + len(slotless) < writers + readers:
-                slotless.append(StoreProcess.start(open_device, device_args, rc, arena, timeout=timeout,
-                                                   on_exit=exited))
+            pending += [StoreProcess.spawn(open_device, device_args, rc, arena) for _ in range(readers)]
+            for n in range(len(pending)):
+                sp = pending[0].ready(timeout, exited)
+                pending.pop(0)
+                writer = n < writers - 1 and sp.info.get("partition") is not None
+                (started if writer else slotless).append(sp)
+            if len(started) < writers:
+                log.warning("page store: %d of %d writer helpers got a writer slot on the card (the others are held "
+                            "by other writers); saving with %d", len(started), writers, len(started))
         except BaseException:
             fired.set()
+            for p in pending:
+                p.abort()
             for sp in started + slotless:
                 sp.close()
             raise
