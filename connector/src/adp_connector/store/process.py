@@ -138,12 +138,10 @@ class StoreProcessError(RuntimeError):
     """The helper process could not open the store, or went away."""
 
 
-
 class StartingHelper:
     """A helper process started by :meth:`StoreProcess.spawn` that has not reported its store open yet."""
 
-    def __init__(self, cls: type[StoreProcess], proc: subprocess.Popen, conn: Connection, arena: SharedArena) -> None:
-        self._cls = cls
+    def __init__(self, proc: subprocess.Popen, conn: Connection, arena: SharedArena) -> None:
         self.proc = proc
         self.conn = conn
         self.arena = arena
@@ -167,7 +165,7 @@ class StartingHelper:
             conn.close()
             proc.wait()
             raise StoreProcessError(payload)
-        return self._cls(proc, conn, self.arena, on_exit, payload)
+        return StoreProcess(proc, conn, self.arena, on_exit, payload)
 
     def abort(self) -> None:
         """End the helper before it is ready."""
@@ -223,7 +221,7 @@ class StoreProcess:
         finally:
             child_sock.close()
         conn = Connection(parent_sock.detach())
-        starting = StartingHelper(cls, proc, conn, arena)
+        starting = StartingHelper(proc, conn, arena)
         try:
             conn.send((open_device, device_args, config))
         except (EOFError, OSError) as exc:
@@ -485,11 +483,10 @@ class StoreGroup:
                 pending.append(StoreProcess.spawn(open_device, device_args, wc, arena))
             rc = dataclasses.replace(config, writer=False, writer_label=f"{config.writer_label} reader")
             pending += [StoreProcess.spawn(open_device, device_args, rc, arena) for _ in range(readers)]
-            for n in range(len(pending)):
+            while pending:
                 sp = pending[0].ready(timeout, exited)
                 pending.pop(0)
-                writer = n < writers - 1 and sp.info.get("partition") is not None
-                (started if writer else slotless).append(sp)
+                (started if sp.info.get("partition") is not None else slotless).append(sp)  # readers hold none
             if len(started) < writers:
                 log.warning("page store: %d of %d writer helpers got a writer slot on the card (the others are held "
                             "by other writers); saving with %d", len(started), writers, len(started))
