@@ -897,6 +897,13 @@ def test_restore_policy_is_checked_at_start_up() -> None:
     assert parse_config({"restore_stream_priority": "normal"}).restore_stream_priority == "normal"
     with pytest.raises(ConfigError, match=r"restore_stream_priority'\] must be one of high, normal, got 'top'"):
         parse_config({"restore_stream_priority": "top"})
+    from adp_connector.pipeline.pages import PAGE_COPIES as SINK_COPIES
+    from adp_connector.vllm.config import PAGE_COPIES
+
+    assert parse_config({}).page_copy == "fused" and PAGE_COPIES == SINK_COPIES
+    assert parse_config({"page_copy": "per_layer"}).page_copy == "per_layer"
+    with pytest.raises(ConfigError, match=r"page_copy'\] must be one of fused, per_layer, got 'fast'"):
+        parse_config({"page_copy": "fast"})
 
 
 def conn_cfg(cfg: Any, **changes: Any) -> Any:

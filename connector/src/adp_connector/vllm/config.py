@@ -45,6 +45,7 @@ class ADPConfig:
     restore_policy: str = "auto"
     restore_prior_gbps: float = 4.0
     restore_stream_priority: str = "high"
+    page_copy: str = "fused"
     io_threads: int = 2
     io_process: bool = True
     load_processes: int = 1
@@ -90,6 +91,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "restore_stream_priority": ((str,), "GPU: high: restored pages are copied into the KV cache on a CUDA stream of "
                                 "a higher priority than the engine's compute (its kernels start ahead of queued "
                                 "prefill kernels); normal: the compute stream's priority"),
+    "page_copy": ((str,), "GPU: fused: a batch of pages moves between staging and every layer of the KV cache in one "
+                  "Triton kernel launch (restores and saves; layer by layer where the layout or the host does not "
+                  "allow it, logged); per_layer: tensor calls per layer"),
     "io_threads": ((int,), "concurrent store batches per process"),
     "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
@@ -116,6 +120,7 @@ _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "ref
 MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; each writer helper holds one
 RESTORE_POLICIES = ("auto", "always")
 RESTORE_STREAM_PRIORITIES = ("high", "normal")
+PAGE_COPIES = ("fused", "per_layer")
 MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devices need no more)
 
 # Options whose default comes from the host (host_defaults) when kv_connector_extra_config leaves them out.
@@ -227,6 +232,9 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
     if cfg.restore_stream_priority not in RESTORE_STREAM_PRIORITIES:
         raise ConfigError(f"ADPConnector: kv_connector_extra_config['restore_stream_priority'] must be one of "
                           f"{', '.join(RESTORE_STREAM_PRIORITIES)}, got {cfg.restore_stream_priority!r}")
+    if cfg.page_copy not in PAGE_COPIES:
+        raise ConfigError(f"ADPConnector: kv_connector_extra_config['page_copy'] must be one of "
+                          f"{', '.join(PAGE_COPIES)}, got {cfg.page_copy!r}")
     return cfg
 
 

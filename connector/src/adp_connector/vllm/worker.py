@@ -109,7 +109,9 @@ class WorkerSide:
             self.disabled = str(exc)
             log.error("ADP KV: cache disabled: %s", exc)
             return
-        self.kv = PagedKV(rows_by_group, drafts_by_group, restore_priority=self.cfg.restore_stream_priority)
+        self.kv = PagedKV(rows_by_group, drafts_by_group, restore_priority=self.cfg.restore_stream_priority,
+                          page_copy=self.cfg.page_copy)
+        self.kv.prepare()
         biggest = max((g.page_bytes for g in self.layouts if g.persists), default=0)
         if not biggest:
             return
