@@ -1,15 +1,17 @@
 """The restore's last step alone: pinned host pages scattered into an 8B-shaped KV cache, with the GPU idle or busy.
 
-    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json        # on the H200 (scripts/gpu/run12.sh)
+    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json        # on the H200 (scripts/gpu/run13.sh)
     python3 scripts/gpu/scatter_bench.py --gb 0.25 --device cpu            # a smoke run without a GPU
 
 Each point moves ``--gb`` of 2 MiB pages (32 layers x K/V x 16 tokens x 8 heads x 128 dims, bf16: the Llama-3.1-8B
-shape of the GPU runs) from 64 MiB slabs of a ``cudaHostRegister``-pinned ``memfd`` (as the connector's staging
-arena) through ``PagedKV.scatter`` into random blocks of the layers, recycling a slab when its copy event has fired,
-as the restore pipeline's driver thread does. Points: the restore stream at ``normal`` and ``high`` priority, with
-the GPU idle and with a compute load (bf16 matmuls queued on the default stream by another thread, as a prefill
-step queues its kernels). Reported: GB/s into the KV cache, the driver thread's CPU seconds per GB, and the compute
-load's matmuls per second during the scatter against alone (what the scatter takes from the prefill).
+shape of the GPU runs, each layer laid out as vLLM's FlashAttention cache ``(2, blocks, ...)``) from 64 MiB slabs of a
+``cudaHostRegister``-pinned ``memfd`` (as the connector's staging arena) through ``PagedKV.scatter`` into random
+blocks of the layers, recycling a slab when its copy event has fired, as the restore pipeline's driver thread does.
+Points: the page copy ``per_layer`` (tensor calls per layer) and ``fused`` (one Triton launch per batch), each with
+the GPU idle, with a GPU load (bf16 matmuls queued on the default stream by another thread, as a prefill step queues
+its kernels) and with a Python load (another thread running bytecode, holding the interpreter lock the way the
+engine's scheduler does between its tensor calls). Reported: GB/s into the KV cache, the driver thread's CPU seconds
+per GB, and the load's own rate during the scatter against alone (what the scatter takes from the engine).
 """
 
 from __future__ import annotations
@@ -54,6 +56,27 @@ class ComputeLoad:
 
     def rate(self, seconds: float) -> float:
         """Matmuls per second over ``seconds`` (counted from now)."""
+        start = self.done
+        time.sleep(seconds)
+        return (self.done - start) / seconds
+
+
+class PythonLoad:
+    """Bytecode in a loop until stopped (the interpreter lock held between switch intervals); counts the loops."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            x = 0
+            for i in range(2000):
+                x += i
+            self.done += 1
+
+    def rate(self, seconds: float) -> float:
         start = self.done
         time.sleep(seconds)
         return (self.done - start) / seconds
@@ -104,39 +127,47 @@ def main() -> None:
     cuda = dev.type == "cuda"
     if cuda and not torch.cuda.is_available():
         raise SystemExit("scatter_bench: no CUDA device (--device cpu runs the smoke test)")
-    layers = [(f"layer{i}", torch.zeros((args.blocks, 2, TOKENS, HEADS, DIM), dtype=torch.bfloat16, device=dev),
+    shape = (2, args.blocks, TOKENS, HEADS, DIM)
+    layers = [(f"layer{i}", torch.zeros(shape, dtype=torch.bfloat16, device=dev).transpose(0, 1),
                2 * TOKENS * HEADS * DIM * 2) for i in range(LAYERS)]
     page = sum(nb for _, _, nb in layers)
     arena, mem = pinned_arena(ARENA_SLABS * SLAB_PAGES * page, cuda)
     total = max(SLAB_PAGES * page, int(args.gb * 1e9))
-    load = ComputeLoad(dev, args.matmul if cuda else 256)
-    load.thread.start()
-    alone = load.rate(2.0 if cuda else 0.5)
-    load.stop.set()
-    load.thread.join()
+
+    def new_load(kind: str) -> ComputeLoad | PythonLoad:
+        return PythonLoad() if kind == "python" else ComputeLoad(dev, args.matmul if cuda else 256)
+
+    alone = {}
+    for kind in ("gpu", "python"):
+        load = new_load(kind)
+        load.thread.start()
+        alone[kind] = load.rate(2.0 if cuda else 0.5)
+        load.stop.set()
+        load.thread.join()
     points = []
-    for busy in (False, True):
-        for priority in ("normal", "high"):
-            kv = PagedKV({0: layers}, restore_priority=priority)
-            scatter_point(kv, arena, page, args.blocks, SLAB_PAGES * page * 4)  # warm-up: stream, allocator
-            load = ComputeLoad(dev, args.matmul if cuda else 256)
-            if busy:
+    for kind in ("idle", "gpu", "python"):
+        for page_copy in ("per_layer", "fused"):
+            kv = PagedKV({0: layers}, page_copy=page_copy)
+            scatter_point(kv, arena, page, args.blocks, SLAB_PAGES * page * 4)  # warm-up: stream, allocator, JIT
+            load = new_load(kind)
+            if kind != "idle":
                 load.thread.start()
                 time.sleep(0.5)
             m0 = load.done
             seconds, cpu = scatter_point(kv, arena, page, args.blocks, total)
             m1 = load.done
             load.stop.set()
-            if busy:
+            if kind != "idle":
                 load.thread.join()
             moved = total // (SLAB_PAGES * page) * SLAB_PAGES * page
-            row = {"priority": priority, "compute_load": busy, "bytes": moved, "seconds": round(seconds, 4),
-                   "gbps": round(moved / seconds / 1e9, 2), "driver_cpu_s_per_gb": round(cpu / (moved / 1e9), 4),
+            row = {"page_copy": page_copy, "copy_path": kv.copy_paths.get(0), "load": kind, "bytes": moved,
+                   "seconds": round(seconds, 4), "gbps": round(moved / seconds / 1e9, 2),
+                   "driver_cpu_s_per_gb": round(cpu / (moved / 1e9), 4),
                    "stream_priority": kv.restore_stream(dev).priority if cuda else None}
-            if busy:
-                row["matmuls_per_s"] = round((m1 - m0) / seconds, 1)
-                row["matmuls_per_s_alone"] = round(alone, 1)
-                row["compute_share_kept"] = round((m1 - m0) / seconds / alone, 3) if alone else None
+            if kind != "idle":
+                row["load_rate"] = round((m1 - m0) / seconds, 1)
+                row["load_rate_alone"] = round(alone[kind], 1)
+                row["load_share_kept"] = round((m1 - m0) / seconds / alone[kind], 3) if alone[kind] else None
             print(json.dumps(row), flush=True)
             points.append(row)
     result = {"gpu": torch.cuda.get_device_name(dev) if cuda else None, "host_cores": os.cpu_count(),

@@ -1,4 +1,4 @@
-"""scripts/gpu/scatter_bench.py (the scatter alone, idle and under a compute load) runs end to end on a CPU."""
+"""scripts/gpu/scatter_bench.py (the scatter alone, idle and under a GPU or Python load) runs end to end on a CPU."""
 
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ def test_scatter_bench_reports_every_point(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert res["page_bytes"] == 2 << 20 and res["host_cores"] == os.cpu_count()
-    pts = {(p["priority"], p["compute_load"]): p for p in res["points"]}
-    assert set(pts) == {(pr, busy) for pr in ("normal", "high") for busy in (False, True)}
+    pts = {(p["page_copy"], p["load"]): p for p in res["points"]}
+    assert set(pts) == {(c, load) for c in ("per_layer", "fused") for load in ("idle", "gpu", "python")}
     assert all(p["gbps"] > 0 and p["bytes"] == 2 * 64 << 20 for p in pts.values())
-    assert "compute_share_kept" in pts[("high", True)] and "compute_share_kept" not in pts[("high", False)]
+    assert "load_share_kept" in pts[("fused", "python")] and "load_share_kept" not in pts[("fused", "idle")]
+    assert pts[("fused", "idle")]["copy_path"] == "per_layer: the KV cache is not on a GPU"  # a CPU moves per layer
 
 
 def test_scatter_bench_without_a_gpu_says_so(tmp_path: Path) -> None:
