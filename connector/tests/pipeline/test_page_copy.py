@@ -20,12 +20,15 @@ CUDA = torch.cuda.is_available()
 
 def _group(device: str = "cpu", blocks: int = 10) -> list[tuple[str, torch.Tensor, int]]:
     """Layers as vLLM lays them out: FlashAttention ``(2, blocks, 16, 2, 8)`` seen block-major (K and V apart), an MLA
-    latent ``(blocks, 16, 24)``, an fp32 layer through a permuted view, and a state page stored short of its block."""
+    latent ``(blocks, 16, 24)``, an fp32 layer through a permuted view, a wide one whose run takes two of the kernel's
+    programs (the second partly masked), and a state page stored short of its block."""
     fa = torch.zeros((2, blocks, 16, 2, 8), dtype=torch.bfloat16, device=device).transpose(0, 1)
     mla = torch.zeros((blocks, 16, 24), dtype=torch.bfloat16, device=device)
     perm = torch.zeros((blocks, 8, 2, 4), dtype=torch.float32, device=device).permute(0, 2, 1, 3)
+    wide = torch.zeros((blocks, 2100), dtype=torch.float32, device=device)  # 8,400 B: a run over one program's words
     state = torch.zeros((blocks, 40), dtype=torch.float32, device=device)
-    rows = [(n, t, t[0].numel() * t.element_size()) for n, t in (("fa", fa), ("mla", mla), ("perm", perm))]
+    layers = (("fa", fa), ("mla", mla), ("perm", perm), ("wide", wide))
+    rows = [(n, t, t[0].numel() * t.element_size()) for n, t in layers]
     return [*rows, ("state", state, 96)]  # 96 of the state block's 160 bytes are stored
 
 
@@ -47,7 +50,7 @@ def test_runs_write_exactly_what_the_per_layer_scatter_writes() -> None:
     page = PagedKV({0: by_layers}).page_bytes(0)
     pages = torch.randint(-128, 128, (len(ids), page), dtype=torch.int8)
     runs = page_runs(by_runs)
-    assert runs is not None and len(runs) == 2 + 1 + 16 + 1  # K and V; MLA; 2 x 8 runs of 4 floats; the state
+    assert runs is not None and len(runs) == 2 + 1 + 16 + 1 + 1  # K and V; MLA; 2 x 8 runs of 4 floats; wide; the state
     assert sum(r.nbytes for r in runs) == page
     _apply(runs, pages, ids)
     PagedKV({0: by_layers}).scatter(0, ids, pages)
@@ -120,7 +123,8 @@ copy.scatter(pages, torch.tensor(ids))
 layered.scatter(0, ids, pages)
 out = torch.zeros_like(pages)
 fused(layer_rows).gather(torch.tensor(ids), out)  # what the per-layer path wrote, read by the kernel
-print(json.dumps({"word": copy.word, "scatter_equal": all(torch.equal(a.view(torch.int8), b.view(torch.int8))
+print(json.dumps({"word": copy.word, "block": copy.block, "programs_per_run": -(-copy.max_words // copy.block),
+                  "scatter_equal": all(torch.equal(a.view(torch.int8), b.view(torch.int8))
                   for (_, a, _), (_, b, _) in zip(fused_rows, layer_rows, strict=True)),
                   "gather_equal": torch.equal(out, pages)}))
 """
@@ -142,7 +146,7 @@ def test_the_triton_kernel_itself_in_tritons_interpreter(table: str) -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["word"] == 8
+    assert got["word"] == 8 and got["block"] == 1024 and got["programs_per_run"] == 2
     if table == "exact":
         assert got["scatter_equal"] and got["gather_equal"]
     else:
@@ -164,3 +168,12 @@ def test_a_kernel_that_fails_to_build_leaves_its_group_on_the_per_layer_path() -
     control = PagedKV({0: _group()})
     control.prepare()  # a CPU: nothing to build, nothing recorded as failed
     assert control.copy_paths[0] == "per_layer: the KV cache is not on a GPU"
+
+
+def test_programs_are_sized_to_the_longest_run() -> None:
+    from adp_connector.pipeline.page_copy import FusedPageCopy
+
+    small = FusedPageCopy([Run(4096, 65536, 0, 512), Run(8192, 65536, 512, 512)], 1024, torch.device("cpu"))
+    assert (small.block, small.num_warps) == (64, 1)  # 512-byte runs: 64 words, one program each
+    big = FusedPageCopy([Run(4096, 1 << 20, 0, 32768), Run(40960, 1 << 20, 32768, 8)], 32776, torch.device("cpu"))
+    assert (big.block, big.num_warps, big.max_words) == (1024, 4, 4096)  # 32 KiB K/V runs: 4 programs each

@@ -22,7 +22,7 @@ import torch
 Rows = list[tuple[str, torch.Tensor, int]]  # (layer name, block-major tensor, page bytes of that layer)
 MAX_RUNS = 4096  # a group whose pages need more runs than this stays on the per-layer path
 WORD_SIZES = (8, 4, 2, 1)  # the widest element that every address, stride, offset and length is a multiple of
-_BLOCK = 1024  # words per Triton program
+MAX_BLOCK = 1024  # words per Triton program at most (a run longer than this takes several programs)
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,10 @@ class FusedPageCopy:
         w = self.word
         self.page_words = page_bytes // w
         self.max_words = max(r.nbytes for r in runs) // w
+        # a program per (page, run, chunk), sized to the longest run: short runs (a layer whose block is many small
+        # spans) leave few lanes idle
+        self.block = min(MAX_BLOCK, 1 << max(5, (self.max_words - 1).bit_length()))
+        self.num_warps = max(1, min(4, self.block // 256))
         rows = [(r.addr, r.block_stride // w, r.page_off // w, r.nbytes // w) for r in runs]
         self.table = torch.tensor(rows, dtype=torch.int64).to(device)
         self.runs = len(runs)
@@ -141,8 +145,9 @@ class FusedPageCopy:
         if not n:
             return
         words = pages.view(_WORD_DTYPES[self.word])
-        grid = (n, self.runs, -(-self.max_words // _BLOCK))
-        _kernel()[grid](words, ids, self.table, self.page_words, TO_KV=to_kv, BLOCK=_BLOCK)
+        grid = (n, self.runs, -(-self.max_words // self.block))
+        _kernel()[grid](words, ids, self.table, self.page_words, TO_KV=to_kv, BLOCK=self.block,
+                        num_warps=self.num_warps)
 
     def scatter(self, pages: torch.Tensor, ids: torch.Tensor) -> None:
         """Write device pages ``[n, page_bytes]`` (int8, contiguous) into the blocks ``ids`` (int64, on the device),
