@@ -1,6 +1,6 @@
 """The restore's last step alone: pinned host pages scattered into an 8B-shaped KV cache, with the GPU idle or busy.
 
-    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json        # on the H200 (scripts/gpu/run13.sh)
+    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json        # on the H200 (scripts/gpu/run14.sh)
     python3 scripts/gpu/scatter_bench.py --gb 0.25 --device cpu            # a smoke run without a GPU
 
 Each point moves ``--gb`` of 2 MiB pages (32 layers x K/V x 16 tokens x 8 heads x 128 dims, bf16: the Llama-3.1-8B
@@ -11,7 +11,8 @@ Points: the page copy ``per_layer`` (tensor calls per layer) and ``fused`` (one 
 the GPU idle, with a GPU load (bf16 matmuls queued on the default stream by another thread, as a prefill step queues
 its kernels) and with a Python load (another thread running bytecode, holding the interpreter lock the way the
 engine's scheduler does between its tensor calls). Reported: GB/s into the KV cache, the driver thread's CPU seconds
-per GB, and the load's own rate during the scatter against alone (what the scatter takes from the engine).
+per GB, and the load's own rate during the scatter against alone (what the scatter takes from the engine). A point
+stops after ``--max-seconds`` and reports the bytes it moved (``cut_short``): a starved path can take minutes.
 """
 
 from __future__ import annotations
@@ -82,24 +83,27 @@ class PythonLoad:
         return (self.done - start) / seconds
 
 
-def scatter_point(kv: PagedKV, arena: torch.Tensor, page: int, blocks: int, total: int) -> tuple[float, float]:
-    """Scatter ``total`` bytes of pages; (seconds, driver-thread CPU seconds)."""
+def scatter_point(kv: PagedKV, arena: torch.Tensor, page: int, blocks: int, total: int,
+                  max_s: float = float("inf")) -> tuple[float, float, int]:
+    """Scatter ``total`` bytes of pages, or what ``max_s`` seconds allow: (seconds, driver CPU seconds, bytes)."""
     slab = SLAB_PAGES * page
     slabs = arena.numel() // slab
     events: list[Any] = [None] * slabs
     gen = torch.Generator().manual_seed(1)
     n = total // slab
     t0, c0 = time.perf_counter(), time.thread_time()
-    for i in range(n):
-        s = i % slabs
+    done = 0
+    while done < n and (done == 0 or time.perf_counter() - t0 < max_s):
+        s = done % slabs
         while events[s] is not None and not events[s].query():  # the slab's previous copy has run: it takes the
-            time.sleep(0.0005)                                     # next batch (polled, as the restore driver does)
+            time.sleep(0.0005)                                      # next batch (polled, as the restore driver does)
         ids = torch.randperm(blocks, generator=gen)[:SLAB_PAGES].tolist()
         events[s] = kv.scatter(0, ids, arena[s * slab:(s + 1) * slab].view(SLAB_PAGES, page))
+        done += 1
     for e in events:
         if e is not None:
             e.synchronize()
-    return time.perf_counter() - t0, time.thread_time() - c0
+    return time.perf_counter() - t0, time.thread_time() - c0, done * slab
 
 
 def pinned_arena(nbytes: int, pin: bool) -> tuple[torch.Tensor, Any]:
@@ -118,6 +122,8 @@ def pinned_arena(nbytes: int, pin: bool) -> tuple[torch.Tensor, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gb", type=float, default=16.0, help="bytes scattered per point, in GB")
+    ap.add_argument("--max-seconds", type=float, default=20.0,
+                    help="a point stops after this long and reports what it moved (a starved path can take minutes)")
     ap.add_argument("--blocks", type=int, default=4096, help="KV-cache blocks per layer")
     ap.add_argument("--matmul", type=int, default=8192, help="side of the compute load's square matmuls")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -154,13 +160,13 @@ def main() -> None:
                 load.thread.start()
                 time.sleep(0.5)
             m0 = load.done
-            seconds, cpu = scatter_point(kv, arena, page, args.blocks, total)
+            seconds, cpu, moved = scatter_point(kv, arena, page, args.blocks, total, args.max_seconds)
             m1 = load.done
             load.stop.set()
             if kind != "idle":
                 load.thread.join()
-            moved = total // (SLAB_PAGES * page) * SLAB_PAGES * page
             row = {"page_copy": page_copy, "copy_path": kv.copy_paths.get(0), "load": kind, "bytes": moved,
+                   "cut_short": moved < total // (SLAB_PAGES * page) * SLAB_PAGES * page,
                    "seconds": round(seconds, 4), "gbps": round(moved / seconds / 1e9, 2),
                    "driver_cpu_s_per_gb": round(cpu / (moved / 1e9), 4),
                    "stream_priority": kv.restore_stream(dev).priority if cuda else None}

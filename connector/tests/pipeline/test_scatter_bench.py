@@ -33,6 +33,15 @@ def test_scatter_bench_reports_every_point(tmp_path: Path) -> None:
     assert all(p["gbps"] > 0 and p["bytes"] == 2 * 64 << 20 for p in pts.values())
     assert "load_share_kept" in pts[("fused", "python")] and "load_share_kept" not in pts[("fused", "idle")]
     assert pts[("fused", "idle")]["copy_path"] == "per_layer: the KV cache is not on a GPU"  # a CPU moves per layer
+    assert not any(p["cut_short"] for p in pts.values())
+
+
+def test_a_point_past_its_time_reports_what_it_moved(tmp_path: Path) -> None:
+    out = tmp_path / "scatter.json"
+    r = _run(tmp_path, "--device", "cpu", "--gb", "0.14", "--blocks", "64", "--max-seconds", "0", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    pts = json.loads(out.read_text())["points"]
+    assert all(p["cut_short"] and p["bytes"] == 64 << 20 for p in pts)  # one slab of the two, then the time was up
 
 
 def test_scatter_bench_without_a_gpu_says_so(tmp_path: Path) -> None:
