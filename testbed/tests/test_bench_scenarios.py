@@ -262,6 +262,11 @@ def test_cli_registers_scenarios() -> None:
                                                          ("traddr", "10.0.0.9")]
     with pytest.raises(SystemExit):
         ap.parse_args(["bench", "agents", "--connector-opt", "load_processes"])
+    # the local emulator's MDTS: 1 MiB unless given (the emulator's own default, 128K, split each 2 MiB GPU page in 16)
+    assert ap.parse_args(["bench", "agents"]).target_mdts == 1 << 20
+    assert ap.parse_args(["bench", "sweep", "--target-mdts", "128K"]).target_mdts == 128 << 10
+    with pytest.raises(SystemExit):
+        ap.parse_args(["bench", "agents", "--target-mdts", "3M"])  # not a power of two
     a = ap.parse_args(["bench", "agents", "--model", "x", "--connector-opt", "load_procesess=4"])
     with pytest.raises(SystemExit, match=r"--connector-opt: .*load_procesess"):  # a typo stops it before any arm
         a.func(a)
@@ -302,6 +307,7 @@ def test_restart_cpu_smoke(tmp_path: Path) -> None:
     assert res["acceptance"]["ok"] and proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (out / "report.md").exists()
     assert res["connector_options"] == {"load_processes": 2} and res["environment"]["target_workers"] == 1
+    assert res["environment"]["target_mdts"] == 1 << 20 and "MDTS 1M" in adp["target"]
     assert "load_processes': 2" in (out / "logs" / "adp-cold.log").read_text(errors="replace")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from . import options as O
 from . import state as S
 from . import targets as T
-from .sizes import parse_size
+from .sizes import mdts_problem, parse_size
 
 DEFAULT_NQN = "nqn.2026-11.io.awide:adp-kv"
 DEFAULT_HOST = "127.0.0.1"
@@ -47,9 +47,9 @@ def _check_up_args(args: argparse.Namespace) -> None:
     """What argparse types cannot see alone, checked before anything starts."""
     if args.capacity <= 0 or args.capacity % args.lba_size:
         raise CliError(f"--capacity {args.capacity} is not a positive multiple of --lba-size {args.lba_size}")
-    m = args.mdts
-    if m < 4096 or m & (m - 1) or m > 4096 << 15:
-        raise CliError(f"--mdts must be a power of two from 4K to 128M, got {m}")
+    problem = mdts_problem(args.mdts)
+    if problem:
+        raise CliError(f"--mdts {problem}")
     if args.backing:
         b = Path(args.backing)
         if b.exists() and not b.is_file():

@@ -7,7 +7,7 @@ import argparse
 from adp_emulator.sizes import format_size
 from adp_emulator.sizes import parse_size as _parse
 
-__all__ = ["format_size", "parse_size", "size_list"]
+__all__ = ["format_size", "mdts_problem", "mdts_size", "parse_size", "size_list"]
 
 
 def parse_size(text: str | int) -> int:
@@ -27,3 +27,19 @@ def size_list(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"sizes must be positive, got {part!r}")
         out.append(n)
     return out
+
+
+def mdts_problem(m: int) -> str | None:
+    """Why ``m`` cannot be an emulated controller's MDTS (a power of two from 4K to 128M), or None."""
+    if m < 4096 or m & (m - 1) or m > 4096 << 15:
+        return f"must be a power of two from 4K to 128M, got {m}"
+    return None
+
+
+def mdts_size(text: str) -> int:
+    """An MDTS on the command line (``1M``), checked as :func:`mdts_problem` says."""
+    m = parse_size(text)
+    problem = mdts_problem(m)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return m

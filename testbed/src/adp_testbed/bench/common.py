@@ -24,12 +24,13 @@ from adp_connector.vllm.config import ConfigError, parse_config
 
 from .. import options as O
 from ..hostinfo import host_info
-from ..sizes import parse_size
+from ..sizes import format_size, mdts_size, parse_size
 from ..targets import LocalTarget, connect_existing, namespace_contents
 from . import serve as SV
 from .presets import PRESETS, scenario_preset
 
 SCHEMA_VERSION = 1
+BENCH_TARGET_MDTS = "1M"  # the local emulator's MDTS in the vLLM scenarios (--target-mdts)
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,6 +53,10 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --target: let the connector format a namespace that holds data but no page store")
     p.add_argument("--target-workers", type=O.int_in(0, 256), default=None, metavar="N",
                    help="I/O worker processes of the local emulator (adp-emulator serve --io-workers)")
+    p.add_argument("--target-mdts", type=mdts_size, default=mdts_size(BENCH_TARGET_MDTS), metavar="SIZE",
+                   help=f"the local emulator's MDTS (adp-emulator serve --mdts; default {BENCH_TARGET_MDTS}, as the "
+                        "restore-path and restart benches and the client's split against Linux nvmet, which sets "
+                        "no limit; the emulator's own default is 128K)")
     p.add_argument("--connector-opt", action="append", default=[], metavar="KEY=VALUE", type=connector_opt,
                    help="ADPConnector option for the adp arm (repeatable, e.g. --connector-opt load_processes=4; "
                         "names: docs/connector.md)")
@@ -176,8 +181,9 @@ class Run:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="adp-bench-card-"))
             t = stack.enter_context(LocalTarget(capacity=self.args.card_bytes or self.settings["target_capacity_bytes"],
                                                 backing=str(Path(tmp) / "card.img"),
-                                                io_workers=self.args.target_workers))
+                                                io_workers=self.args.target_workers, mdts=self.args.target_mdts))
             workers = f", {self.args.target_workers} I/O workers" if self.args.target_workers else ""
+            workers += f", MDTS {format_size(self.args.target_mdts)}"
             self.card = LocalCard(Path(tmp) / "card.img", t.traddr, t.trsvcid, t.subnqn)
             try:
                 yield SV.connector_config(t.traddr, t.trsvcid, t.subnqn, namespace_extra=self.run_id, **opts), \
@@ -228,7 +234,8 @@ class Run:
                        "extra_args": list(self.args.engine_arg)},
             "environment": {**host_info(),
                             "target": "external" if self.args.target else "local emulator",
-                            "target_workers": self.args.target_workers},
+                            "target_workers": self.args.target_workers,
+                            "target_mdts": None if self.args.target else self.args.target_mdts},
             "connector_options": dict(self.args.connector_opt),
             "profiled_arms": self.profile,
             "budgets": {"card_bytes": None if self.args.target else
