@@ -17,6 +17,7 @@ Threading model (documented in docs/host-client.md):
 from __future__ import annotations
 
 import collections
+import queue
 import socket
 import threading
 import time
@@ -133,8 +134,11 @@ class QueuePair:
         self.rx = HeaderCheck(receiver_is_host=True)
         self._on_failure = on_failure
         self._send_lock = threading.Lock()
-        self._slots = threading.Semaphore(depth)
-        self._free_cids = collections.deque(range(depth))
+        # free command ids: taking one is taking a slot (a submitter blocks while ``depth`` are in flight); a C-level
+        # queue, so a completion hands its id back without the Python Condition a Semaphore would notify
+        self._free_cids: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for cid in range(depth):
+            self._free_cids.put(cid)
         self._inflight: dict[int, _Request] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -220,18 +224,18 @@ class QueuePair:
     # Submission
 
     def _take_slot(self, buf: memoryview | ScatterList | None, c2h: bool, what: str, timeout: float,
-                   on_done: Callable[[BaseException | None], None] | None, acquired: bool = False) -> _Request:
+                   on_done: Callable[[BaseException | None], None] | None, cid: int | None = None) -> _Request:
+        """Register a command under a free id (``cid``: one the caller already took; else wait for one)."""
         if self._failure is not None:
-            if acquired:
-                self._slots.release()
+            if cid is not None:
+                self._free_cids.put(cid)
             raise NvmeTransportError(f"queue {self.qid} is down: {self._failure}")
-        if not acquired:
-            self._slots.acquire()
+        if cid is None:
+            cid = self._free_cids.get()
         with self._lock:
             if self._closed:
-                self._slots.release()
+                self._free_cids.put(cid)
                 raise NvmeTransportError(f"queue {self.qid} is closed: {self._failure}")
-            cid = self._free_cids.popleft()
             req = _Request(cid, buf, c2h, what, time.monotonic() + timeout, on_done)
             inflight = self._inflight
             inflight[cid] = req
@@ -279,12 +283,15 @@ class QueuePair:
         what = "Read" if c2h else "Write"
         pending: list = []
         for i, (slba, nlb, buf) in enumerate(parts):
-            acquired = self._slots.acquire(blocking=False)
-            if not acquired and pending:
+            try:
+                cid: int | None = self._free_cids.get_nowait()
+            except queue.Empty:
+                cid = None
+            if cid is None and pending:
                 self._send_capsule(pending)
                 pending = []
             try:
-                req = self._take_slot(buf, c2h, what, timeout, on_done, acquired=acquired)
+                req = self._take_slot(buf, c2h, what, timeout, on_done, cid=cid)
             except DeviceError as e:
                 if pending:
                     self._send_capsule(pending)
@@ -309,8 +316,7 @@ class QueuePair:
         with self._lock:
             if self._inflight.pop(req.cid, None) is None:
                 return  # already failed by _fail
-            self._free_cids.append(req.cid)
-        self._slots.release()
+        self._free_cids.put(req.cid)
         self._resolve(req, status, dw0, dw1, sqhd, error)
 
     def _resolve(self, req: _Request, status: int, dw0: int, dw1: int, sqhd: int,
@@ -466,7 +472,6 @@ class QueuePair:
             self._closed = True
             pending = list(self._inflight.values())
             self._inflight.clear()
-            self._free_cids.extend(r.cid for r in pending)
         with self._r2t_cv:
             self._r2t_cv.notify_all()
         try:
@@ -474,7 +479,7 @@ class QueuePair:
         except OSError:
             pass
         for req in pending:
-            self._slots.release()
+            self._free_cids.put(req.cid)
             err = error if timeout else NvmeTransportError(f"{req.what}: {error}")
             self._resolve(req, 0, 0, 0, 0, err)
         if first and self._on_failure is not None:
