@@ -70,11 +70,15 @@ def split(samples: list[tuple[str, float, str]], pids: set[str]) -> tuple[collec
     return counts, total, t1 - t0
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("script", help="perf script output (-F pid,tid,time,ip,sym,dso -G)")
     ap.add_argument("--pids", help="comma-separated helper pids (default: found as the docstring says)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     with open(args.script, errors="replace") as f:
         samples = parse(f.readlines())
     pids = set(args.pids.split(",")) if args.pids else helper_pids(samples)
