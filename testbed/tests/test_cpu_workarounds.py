@@ -44,3 +44,14 @@ def test_no_amx_makes_torch_report_no_amx_tiles(select: str | None, tmp_path: Pa
     seen, hardware = r.stdout.split()
     assert seen == ("False" if select else hardware)
     assert ("CPU AMX kernels off" in r.stderr) == bool(select)
+
+
+def test_an_unknown_workaround_stops_the_interpreter_with_one_line(tmp_path: Path) -> None:
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": PATH, SELECT: "no-amx,no-amz"}
+    r = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=60)
+    assert r.returncode == 2 and "ran" not in r.stdout
+    assert r.stderr.strip() == ("ADP_KV_CPU_WORKAROUNDS: unknown workaround 'no-amz' (known: "
+                                "mamba2-prefill-checkpoint, no-amx)")

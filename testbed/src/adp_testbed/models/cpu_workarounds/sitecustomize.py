@@ -70,6 +70,9 @@ def _no_amx(module: Any) -> None:
 
 
 _PATCHES = {"mamba2-prefill-checkpoint": (_TARGET, _patch), "no-amx": ("torch.cpu", _no_amx)}
-for _name in os.environ.get("ADP_KV_CPU_WORKAROUNDS", "mamba2-prefill-checkpoint").split(","):
-    if _name.strip():
-        sys.meta_path.insert(0, _PatchOnImport(*_PATCHES[_name.strip()]))
+for _name in filter(None, (n.strip() for n in os.environ.get("ADP_KV_CPU_WORKAROUNDS",
+                                                              "mamba2-prefill-checkpoint").split(","))):
+    if _name not in _PATCHES:  # a typo must stop the engine, not leave it running unpatched
+        print(f"ADP_KV_CPU_WORKAROUNDS: unknown workaround {_name!r} (known: {', '.join(_PATCHES)})", file=sys.stderr)
+        os._exit(2)  # sys.exit here would end Python start-up with a traceback
+    sys.meta_path.insert(0, _PatchOnImport(*_PATCHES[_name]))
