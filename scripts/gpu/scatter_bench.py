@@ -1,6 +1,6 @@
 """The restore's last step alone: pinned host pages scattered into an 8B-shaped KV cache, with the GPU idle or busy.
 
-    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json        # on the H200 (scripts/gpu/run14.sh)
+    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json        # on the H200 (scripts/gpu/validate.sh scatter)
     python3 scripts/gpu/scatter_bench.py --gb 0.25 --device cpu            # a smoke run without a GPU
 
 Each point moves ``--gb`` of 2 MiB pages (32 layers x K/V x 16 tokens x 8 heads x 128 dims, bf16: the Llama-3.1-8B
