@@ -17,10 +17,12 @@ export TMPDIR=/dev/shm
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
   > $R/host.txt 2>&1
 v="bash $root/scripts/gpu/validate.sh"
-# (a) the pipelines' tests on CUDA (run 14 ran the scatter; not repeated)
-echo "== gpu-unit $(date +%T)"
+# (a) the pipelines' tests on CUDA, and the scatter under a Python load at three interpreter switch intervals (run 14:
+#     the fused copy moved 0.67 GB/s there at Python's default 5 ms: does a shorter interval free the restore driver?)
+echo "== gpu-unit + scatter $(date +%T)"
 $v gpu-unit $R/unit
-(cd $R && tar czf /root/part-a.tgz host.txt unit)
+SCATTER_GB=16 SCATTER_ARGS="--max-seconds 10 --switch-intervals 0.005,0.001,0.0002" $v scatter $R/scatter
+(cd $R && tar czf /root/part-a.tgz host.txt unit scatter)
 # (b) issue 14: agents 1, 4 and 8 at equal budgets, three arms, the card at MDTS 1M (run 14 ran 8 agents with two arms
 #     only: adp 14.6 against cpu-offload 18.3 tok/s; the 1-agent cost gate and the no-connector arm are open)
 echo "== agents $(date +%T)"
@@ -41,9 +43,14 @@ BENCH_ARGS="--users 1,16,64,128 --arms baseline,adp --target-workers 8" $v sweep
 echo "== restore-path $(date +%T)"
 RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy" $v restore-path $R/rp
 (cd $R && tar czf /root/part-e.tgz rp)
-# (f) the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine
+# (f) issue 14/15: the adp arm at 8 agents with py-spy on the engine's process tree (where the restore driver and the
+#     helpers spend a restore in the real engine: run 14 restored at 6.5-10 GB/s there against 12.4 in the bench)
+echo "== agents-8-profiled $(date +%T)"
+BENCH_ARGS="--agents 8 --turns 4 --arms adp --target-workers 8 --card-bytes 64G --profile adp" $v agents $R/agents8-prof
+(cd $R && tar czf /root/part-f.tgz agents8-prof)
+# (g) the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine
 echo "== agents-mdts-128k $(date +%T)"
 BENCH_ARGS="--agents 8 --turns 4 --arms adp --target-workers 8 --card-bytes 64G --target-mdts 128K" \
   $v agents $R/agents-mdts128k
-(cd $R && tar czf /root/part-f.tgz agents-mdts128k)
+(cd $R && tar czf /root/part-g.tgz agents-mdts128k)
 echo "== done $(date +%T)"

@@ -1,7 +1,7 @@
 """The restore's last step alone: pinned host pages scattered into an 8B-shaped KV cache, with the GPU idle or busy.
 
-    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json        # on the H200 (scripts/gpu/validate.sh scatter)
-    python3 scripts/gpu/scatter_bench.py --gb 0.25 --device cpu            # a smoke run without a GPU
+    python3 scripts/gpu/scatter_bench.py --gb 16 --out scatter.json   # on the H200 (validate.sh scatter)
+    python3 scripts/gpu/scatter_bench.py --gb 0.25 --device cpu       # a smoke run without a GPU
 
 Each point moves ``--gb`` of 2 MiB pages (32 layers x K/V x 16 tokens x 8 heads x 128 dims, bf16: the Llama-3.1-8B
 shape of the GPU runs, each layer laid out as vLLM's FlashAttention cache ``(2, blocks, ...)``) from 64 MiB slabs of a
@@ -10,9 +10,12 @@ blocks of the layers, recycling a slab when its copy event has fired, as the res
 Points: the page copy ``per_layer`` (tensor calls per layer) and ``fused`` (one Triton launch per batch), each with
 the GPU idle, with a GPU load (bf16 matmuls queued on the default stream by another thread, as a prefill step queues
 its kernels) and with a Python load (another thread running bytecode, holding the interpreter lock the way the
-engine's scheduler does between its tensor calls). Reported: GB/s into the KV cache, the driver thread's CPU seconds
-per GB, and the load's own rate during the scatter against alone (what the scatter takes from the engine). A point
-stops after ``--max-seconds`` and reports the bytes it moved (``cut_short``): a starved path can take minutes.
+engine's scheduler does between its tensor calls), the last once per ``--switch-intervals`` value (Python's switch
+interval: how long a thread that wants the lock waits before the holder must drop it; each tensor call releases the
+lock and takes it back, so a launch-bound copy pays that wait per call). Reported: GB/s into the KV cache, the driver
+thread's CPU seconds per GB, and the load's own rate during the scatter against alone (what the scatter takes from the
+engine). A point stops after ``--max-seconds`` and reports the bytes it moved (``cut_short``): a starved path can take
+minutes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import mmap
 import os
 import platform
+import sys
 import threading
 import time
 from typing import Any
@@ -127,8 +131,17 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=4096, help="KV-cache blocks per layer")
     ap.add_argument("--matmul", type=int, default=8192, help="side of the compute load's square matmuls")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--switch-intervals", default=str(sys.getswitchinterval()),
+                    help="comma-separated interpreter switch intervals (s) for the Python-load points")
     ap.add_argument("--out", help="write the results JSON here")
     args = ap.parse_args()
+    try:
+        intervals = [float(x) for x in args.switch_intervals.split(",")]
+        if not intervals or min(intervals) <= 0:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--switch-intervals: positive seconds, comma-separated, got {args.switch_intervals!r}")
+    default_interval = sys.getswitchinterval()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -151,8 +164,10 @@ def main() -> None:
         load.stop.set()
         load.thread.join()
     points = []
-    for kind in ("idle", "gpu", "python"):
+    runs = [("idle", default_interval), ("gpu", default_interval)] + [("python", si) for si in intervals]
+    for kind, interval in runs:
         for page_copy in ("per_layer", "fused"):
+            sys.setswitchinterval(interval)
             kv = PagedKV({0: layers}, page_copy=page_copy)
             scatter_point(kv, arena, page, args.blocks, SLAB_PAGES * page * 4)  # warm-up: stream, allocator, JIT
             load = new_load(kind)
@@ -165,7 +180,9 @@ def main() -> None:
             load.stop.set()
             if kind != "idle":
                 load.thread.join()
-            row = {"page_copy": page_copy, "copy_path": kv.copy_paths.get(0), "load": kind, "bytes": moved,
+            sys.setswitchinterval(default_interval)
+            row = {"page_copy": page_copy, "copy_path": kv.copy_paths.get(0), "load": kind,
+                   "switch_interval_s": interval, "bytes": moved,
                    "cut_short": moved < total // (SLAB_PAGES * page) * SLAB_PAGES * page,
                    "seconds": round(seconds, 4), "gbps": round(moved / seconds / 1e9, 2),
                    "driver_cpu_s_per_gb": round(cpu / (moved / 1e9), 4),

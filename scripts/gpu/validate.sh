@@ -46,8 +46,9 @@ case "$what" in
       "$root/connector/tests/pipeline" 2>&1 | tail -6 | tee -a "$out/gpu-unit.txt"
     ;;
   scatter)  # the restore's scatter alone (scripts/gpu/scatter_bench.py): both restore-stream priorities, idle and
-            # under a compute load; SCATTER_GB bytes per point (default 16)
-    timeout 240 python3 "$root/scripts/gpu/scatter_bench.py" --gb "${SCATTER_GB:-16}" --out "$out/scatter.json" \
+            # under a compute load; SCATTER_GB bytes per point (default 16), SCATTER_ARGS more options
+    # shellcheck disable=SC2086
+    timeout 240 python3 "$root/scripts/gpu/scatter_bench.py" --gb "${SCATTER_GB:-16}" ${SCATTER_ARGS:-} --out "$out/scatter.json" \
       > "$out/scatter.txt" 2>&1; echo "scatter rc=$?"; tail -5 "$out/scatter.txt"
     ;;
   correctness)

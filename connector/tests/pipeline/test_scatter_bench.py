@@ -50,3 +50,19 @@ def test_scatter_bench_without_a_gpu_says_so(tmp_path: Path) -> None:
     r = _run(tmp_path, "--gb", "0.1")
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == (
         "scatter_bench: no CUDA device (--device cpu runs the smoke test)")
+
+
+def test_python_load_points_once_per_switch_interval(tmp_path: Path) -> None:
+    out = tmp_path / "scatter.json"
+    r = _run(tmp_path, "--device", "cpu", "--gb", "0.07", "--blocks", "64", "--switch-intervals", "0.005,0.0005",
+             "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    pts = json.loads(out.read_text())["points"]
+    python = sorted((p["page_copy"], p["switch_interval_s"]) for p in pts if p["load"] == "python")
+    assert python == [("fused", 0.0005), ("fused", 0.005), ("per_layer", 0.0005), ("per_layer", 0.005)]
+    assert {p["switch_interval_s"] for p in pts if p["load"] != "python"} == {0.005}  # Python's default
+
+
+def test_a_bad_switch_interval_is_one_line(tmp_path: Path) -> None:
+    r = _run(tmp_path, "--device", "cpu", "--switch-intervals", "0.001,-1")
+    assert r.returncode == 2 and "--switch-intervals: positive seconds" in r.stderr.strip().splitlines()[-1]
