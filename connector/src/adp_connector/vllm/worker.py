@@ -211,25 +211,10 @@ class WorkerSide:
     def build_worker_meta(self) -> ADPWorkerMetadata | None:
         """Keys whose save failed since the last step (device full, target gone...): saved again later."""
         keys = self.saves.take_failed_keys() if self.saves is not None else []
-        evicted = self._take_evicted()
         with self._lock:
             reqs, self._failed_load_reqs = self._failed_load_reqs, []
-            lost, self._lost = self._lost + evicted, []
+            lost, self._lost = self._lost, []
         return ADPWorkerMetadata(keys, reqs, lost) if keys or reqs or lost else None
-
-    def _take_evicted(self) -> list[bytes]:
-        """Keys this rank's writer evicted or discarded since the last call, where the store reports them
-        (``take_evicted_keys``, optional: a store without it is told of losses only by failed restores). Only
-        keys that are the scheduler's own (rank 0, or groups identical on every rank) mean anything there."""
-        store = self.link.store
-        take = getattr(store, "take_evicted_keys", None)
-        if take is None or (self.tp_rank != 0 and not all(g.tp_replicated for g in self.layouts)):
-            return []
-        try:
-            return [bytes(k) for k in take()]
-        except Exception as exc:
-            log.debug("ADP KV: take_evicted_keys failed: %s", exc)
-            return []
 
     def close(self) -> None:
         """Let in-flight saves finish (bounded); stop the restore driver."""
