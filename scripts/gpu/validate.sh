@@ -37,6 +37,11 @@ printf 'Metadata-Version: 2.1\nName: adp-kv-connector\nVersion: 0.1.0\n' > "$di/
 printf '[vllm.general_plugins]\nadp_kv_connector = adp_connector.vllm:register\n' > "$di/entry_points.txt"
 export PYTHONPATH="/tmp/site-adp:${PYTHONPATH:-}:$root/wire/src:$root/connector/src:$root/emulator/src:$root/testbed/src"
 export PYTHONHASHSEED=0 ADP_KV_CACHE=/tmp/adp-kv-cache PATH="/tmp/site-adp/bin:$PATH"
+# the GDN FlashInfer set (requirements-gdn-flashinfer-vllm-0.26.0.txt): cutlass-dsl's packages come in through a .pth
+# file (nvidia_cutlass_dsl_packages.pth), which Python reads only in site-packages, not on PYTHONPATH
+for dsl in "${VLLM_GPU_SITE:-/tmp/site}"/nvidia_cutlass_dsl/dsl_packages; do
+  [ -d "$dsl" ] && export PYTHONPATH="$dsl:$PYTHONPATH"  # first, as the .pth puts it
+done
 case "$what" in
   gpu-unit)  # only the connector's GPU data-path tests (a subset of correctness), and the vLLM-free pipelines'
              # tests, whose save tests run on the GPU too (step-wide gathers, pinned slabs)
