@@ -39,9 +39,11 @@ BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp,cpu-offload --t
 echo "== sweep $(date +%T)"
 BENCH_ARGS="--users 1,16,64,128 --arms baseline,adp --target-workers 8" $v sweep $R/sweep
 (cd $R && tar czf /root/part-d.tgz sweep)
-# (e) issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues
+# (e) issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside a
+#     Python thread at 5 and 0.5 ms switch intervals (the engine's step loop beside the restore driver)
 echo "== restore-path $(date +%T)"
-RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy" $v restore-path $R/rp
+RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy --python-load 0.005,0.0005" \
+  $v restore-path $R/rp
 (cd $R && tar czf /root/part-e.tgz rp)
 # (f) issue 14/15: the adp arm at 8 agents with py-spy on the engine's process tree (where the restore driver and the
 #     helpers spend a restore in the real engine: run 14 restored at 6.5-10 GB/s there against 12.4 in the bench)

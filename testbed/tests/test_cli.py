@@ -210,3 +210,22 @@ def test_bench_restore_path_compares_save_processes(tmp_path: Path, capsys: pyte
 def test_state_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADP_KV_STATE_DIR", str(tmp_path / "env-state"))
     assert S.state_dir() == tmp_path / "env-state" and os.path.isdir(tmp_path / "env-state")
+
+
+def test_bench_restore_path_beside_a_python_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--python-load``: each helper count restores alone, then beside a bytecode thread once per switch interval
+    (every page restored each time, the load's own rate reported); a bad interval is refused with one line."""
+    pytest.importorskip("torch", reason="the restore pipeline stages through torch tensors (run with .venv-vllm)")
+    out = tmp_path / "rp.json"
+    assert main(["bench", "restore-path", "--gb", "0.02", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4",
+                 "--helpers", "1", "--queues", "1", "--mdts", "128K", "--python-load", "0.005,0.0005",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["python_load_switch_interval_s"] for r in rows] == [None, 0.005, 0.0005]
+    assert rows[0]["python_load_loops_per_s"] is None and all(r["python_load_loops_per_s"] > 0 for r in rows[1:])
+    assert all(r["gbps"] > 0 and r["bytes"] == rows[0]["bytes"] for r in rows)
+    assert "beside a Python thread (switch interval 0.5 ms" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "restore-path", "--python-load", "0.005,0"])
+    assert e.value.code == 2
+    assert "positive seconds" in capsys.readouterr().err

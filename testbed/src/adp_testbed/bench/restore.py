@@ -14,14 +14,18 @@ slab into a GPU block tensor (the connector's host -> device copy on a side stre
 reused. Reported per point: GB/s, and the CPU seconds (and core-seconds per GB) the
 target and the helpers spent (where the cycles go); the loopback stream ceiling with as many connections is
 measured in the same run, with its receivers' and its sender's core-seconds per GB (what a bare ``recv_into``
-loop costs on this host: the floor for the helpers' CPU).
+loop costs on this host: the floor for the helpers' CPU). ``--python-load`` repeats each restore beside a thread
+running bytecode in the bench's process, as vLLM's step loop runs beside the connector's restore driver, once per
+interpreter switch interval given (how long a thread waits for the lock before its holder must let go).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -59,7 +63,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "data is refused unless --yes-destroy")
     p.add_argument("--yes-destroy", action="store_true", help="with --backing: format a file that holds data")
     p.add_argument("--into", choices=["host", "gpu"], default="host")
+    p.add_argument("--python-load", type=_switch_intervals, default=[], metavar="SECONDS",
+                   help="comma-separated interpreter switch intervals: each helper count is also restored with a "
+                        "thread running bytecode in this process (as vLLM's step loop runs beside the connector), "
+                        "once per interval (default: none)")
     O.add_json_option(p, "the rows")
+
+
+def _switch_intervals(text: str) -> list[float]:
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"positive seconds, comma-separated, got {text!r}")
+    return out
+
+
+class PythonLoad:
+    """A thread running bytecode until stopped (it holds the interpreter lock between switch intervals, as an
+    engine's Python step loop does), at ``interval`` (``sys.setswitchinterval``) while it runs."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.loops = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="python-load", daemon=True)
+        self._saved = sys.getswitchinterval()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            x = 0
+            for i in range(2000):
+                x += i
+            self.loops += 1
+
+    def __enter__(self) -> PythonLoad:
+        sys.setswitchinterval(self.interval)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        sys.setswitchinterval(self._saved)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -260,54 +307,67 @@ def main(args: argparse.Namespace) -> int:
                     else:
                         group = StoreProcess.start(Controller.connect, (hc,), cfg, arena, timeout=60)
                         pids = [group.pid]
+                    measured: list[tuple[float | None, float, tuple[float, float], tuple[float, float], dict, dict,
+                                         float]] = []
                     try:
                         wait_arena_populated(group, len(pids))
                         warm = keys[:per_batch * 2]
                         restore_point(group, arena, warm, page, per_batch, args.slabs, args.into)
-                        c0t, c0h = cpu_split([t.proc.pid]), cpu_split(pids)
-                        r0 = group.thread_cpu()
-                        dt = restore_point(group, arena, keys, page, per_batch, args.slabs, args.into)
-                        c1t, c1h = cpu_split([t.proc.pid]), cpu_split(pids)
-                        r1 = group.thread_cpu()
-                        t_user, t_sys = c1t[0] - c0t[0], c1t[1] - c0t[1]
-                        h_user, h_sys = c1h[0] - c0h[0], c1h[1] - c0h[1]
-                        tcpu, hcpu = t_user + t_sys, h_user + h_sys
+                        for interval in [None, *args.python_load]:
+                            load = PythonLoad(interval) if interval is not None else None
+                            c0t, c0h = cpu_split([t.proc.pid]), cpu_split(pids)
+                            r0 = group.thread_cpu()
+                            with load if load is not None else contextlib.nullcontext():
+                                dt = restore_point(group, arena, keys, page, per_batch, args.slabs, args.into)
+                            c1t, c1h = cpu_split([t.proc.pid]), cpu_split(pids)
+                            r1 = group.thread_cpu()
+                            diff_t = (c1t[0] - c0t[0], c1t[1] - c0t[1])
+                            diff_h = (c1h[0] - c0h[0], c1h[1] - c0h[1])
+                            measured.append((interval, dt, diff_t, diff_h, r0, r1,
+                                             load.loops / dt if load is not None else 0.0))
                     finally:
                         group.close()
                     conns = h_count * args.queues
                     ceiling = stream.measure_cpu(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read")
                     gb = n_pages * page / 1e9
-                    gbps = gb / dt
-                    row = {"mdts": mdts, "target_workers": workers, "target_reads": reads, "helpers": h_count,
-                           "queues_per_helper": args.queues, "io_threads": args.io_threads, "into": args.into,
-                           "bytes": n_pages * page,
-                           "seconds": round(dt, 3), "gbps": round(gbps, 2), **ceiling.as_row(),
-                           "ratio": round(gbps / ceiling.gbps, 3), "target_cpu_s": round(tcpu, 2),
-                           "helpers_cpu_s": round(hcpu, 2), "helpers_cpu_s_per_gb": round(hcpu / gb, 3),
-                           "target_cpu_s_per_gb": round(tcpu / gb, 3),
-                           # where the CPU goes: user = Python and checksums, system = the kernel (socket copies)
-                           "helpers_user_s_per_gb": round(h_user / gb, 3), "helpers_sys_s_per_gb": round(h_sys / gb, 3),
-                           "target_user_s_per_gb": round(t_user / gb, 3), "target_sys_s_per_gb": round(t_sys / gb, 3),
-                           # the helpers' CPU by thread role (rx: queue receive loops, batch: checksums, ...)
-                           "helpers_by_thread_s_per_gb": {
-                               role: {"user": round((u - r0.get(role, (0.0, 0.0))[0]) / gb, 3),
-                                      "system": round((sy - r0.get(role, (0.0, 0.0))[1]) / gb, 3)}
-                               for role, (u, sy) in sorted(r1.items())},
-                           "fill_gbps": saves[-1]["gbps"], "saves": saves}
-                    rows.append(row)
-                    print(f"MDTS {mdts >> 10}K target workers {workers} ({reads} reads) helpers {h_count} x "
-                          f"{args.queues} queues: "
-                          f"restore "
-                          f"{row['gbps']:6.2f} GB/s into {args.into} ({row['ratio']:.2f}x the {conns}-stream ceiling "
-                          f"{row['ceiling_gbps']:.1f}); CPU s target {row['target_cpu_s']:.1f} helpers "
-                          f"{row['helpers_cpu_s']:.1f} over {row['seconds']:.2f} s; core-s/GB helpers "
-                          f"{row['helpers_cpu_s_per_gb']:.3f} (user {row['helpers_user_s_per_gb']:.3f} system "
-                          f"{row['helpers_sys_s_per_gb']:.3f}) target {row['target_cpu_s_per_gb']:.3f} (user "
-                          f"{row['target_user_s_per_gb']:.3f}), the ceiling's "
-                          f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
-                          f"{row['ceiling_sender_cpu_s_per_gb']:.3f}; helpers by thread (user+system core-s/GB) "
-                          + " ".join(f"{k} {v['user'] + v['system']:.3f}"
-                                     for k, v in row["helpers_by_thread_s_per_gb"].items()), flush=True)
+                    for interval, dt, (t_user, t_sys), (h_user, h_sys), r0, r1, loops in measured:
+                        tcpu, hcpu = t_user + t_sys, h_user + h_sys
+                        gbps = gb / dt
+                        row = {"mdts": mdts, "target_workers": workers, "target_reads": reads, "helpers": h_count,
+                               "queues_per_helper": args.queues, "io_threads": args.io_threads, "into": args.into,
+                               "python_load_switch_interval_s": interval,
+                               "python_load_loops_per_s": round(loops, 1) if interval is not None else None,
+                               "bytes": n_pages * page,
+                               "seconds": round(dt, 3), "gbps": round(gbps, 2), **ceiling.as_row(),
+                               "ratio": round(gbps / ceiling.gbps, 3), "target_cpu_s": round(tcpu, 2),
+                               "helpers_cpu_s": round(hcpu, 2), "helpers_cpu_s_per_gb": round(hcpu / gb, 3),
+                               "target_cpu_s_per_gb": round(tcpu / gb, 3),
+                               # where the CPU goes: user = Python and checksums, system = the kernel (socket copies)
+                               "helpers_user_s_per_gb": round(h_user / gb, 3),
+                               "helpers_sys_s_per_gb": round(h_sys / gb, 3),
+                               "target_user_s_per_gb": round(t_user / gb, 3),
+                               "target_sys_s_per_gb": round(t_sys / gb, 3),
+                               # the helpers' CPU by thread role (rx: queue receive loops, batch: checksums, ...)
+                               "helpers_by_thread_s_per_gb": {
+                                   role: {"user": round((u - r0.get(role, (0.0, 0.0))[0]) / gb, 3),
+                                          "system": round((sy - r0.get(role, (0.0, 0.0))[1]) / gb, 3)}
+                                   for role, (u, sy) in sorted(r1.items())},
+                               "fill_gbps": saves[-1]["gbps"], "saves": saves}
+                        rows.append(row)
+                        load_text = "" if interval is None else \
+                            f" beside a Python thread (switch interval {interval * 1e3:g} ms, {loops:.0f} loops/s)"
+                        print(f"MDTS {mdts >> 10}K target workers {workers} ({reads} reads) helpers {h_count} x "
+                              f"{args.queues} queues{load_text}: restore "
+                              f"{row['gbps']:6.2f} GB/s into {args.into} ({row['ratio']:.2f}x the {conns}-stream "
+                              f"ceiling {row['ceiling_gbps']:.1f}); CPU s target {row['target_cpu_s']:.1f} helpers "
+                              f"{row['helpers_cpu_s']:.1f} over {row['seconds']:.2f} s; core-s/GB helpers "
+                              f"{row['helpers_cpu_s_per_gb']:.3f} (user {row['helpers_user_s_per_gb']:.3f} system "
+                              f"{row['helpers_sys_s_per_gb']:.3f}) target {row['target_cpu_s_per_gb']:.3f} (user "
+                              f"{row['target_user_s_per_gb']:.3f}), the ceiling's "
+                              f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
+                              f"{row['ceiling_sender_cpu_s_per_gb']:.3f}; helpers by thread (user+system core-s/GB) "
+                              + " ".join(f"{k} {v['user'] + v['system']:.3f}"
+                                         for k, v in row["helpers_by_thread_s_per_gb"].items()), flush=True)
     arena.close()
     O.emit_json(args, rows)
     return 0
