@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The next H200 run (run 15), planned 2026-12-02 after run 14 (docs/benchmarks.md, "Run 14": its first machine was lost
-# with every step after the scatter). The most important first; about 30 minutes on a warm machine, so the last steps
-# may not fit (each step archives itself as it ends). The base wheel set is enough:
+# with every step after the scatter). The most important first; about 40 minutes on a warm machine, more than one
+# session's 30: the last steps will not fit (each step archives itself as it ends; the next session starts there).
+# The base wheel set is enough:
 #   ../shared/gpu/prepare-wheels --chunk-mb 50   (8 chunks: with the checkout a 60 MB chunk is over 64 MiB),
 #   plus .whl (validate.sh's header says which wheels)
 # Start it in the background after the chunks, then collect /root/part-*.tgz with wait calls issued back to back (a
@@ -45,14 +46,20 @@ echo "== restore-path $(date +%T)"
 RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy --python-load 0.005,0.0005" \
   $v restore-path $R/rp
 (cd $R && tar czf /root/part-e.tgz rp)
-# (f) issue 14/15: the adp arm at 8 agents with py-spy on the engine's process tree (where the restore driver and the
+# (f) issue 14: the adp arm at 8 agents with the engine's interpreter switch interval at 0.5 ms (switch_interval_ms;
+#     compare with (b)'s adp arm; run 14's scatter under a Python thread: 0.67 GB/s at the default 5 ms)
+echo "== agents-8-switch-0.5ms $(date +%T)"
+BENCH_ARGS="--agents 8 --turns 4 --arms adp --target-workers 8 --card-bytes 64G --connector-opt switch_interval_ms=0.5" \
+  $v agents $R/agents8-switch05
+(cd $R && tar czf /root/part-f.tgz agents8-switch05)
+# (g) issue 14/15: the adp arm at 8 agents with py-spy on the engine's process tree (where the restore driver and the
 #     helpers spend a restore in the real engine: run 14 restored at 6.5-10 GB/s there against 12.4 in the bench)
 echo "== agents-8-profiled $(date +%T)"
 BENCH_ARGS="--agents 8 --turns 4 --arms adp --target-workers 8 --card-bytes 64G --profile adp" $v agents $R/agents8-prof
-(cd $R && tar czf /root/part-f.tgz agents8-prof)
-# (g) the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine
+(cd $R && tar czf /root/part-g.tgz agents8-prof)
+# (h) the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine
 echo "== agents-mdts-128k $(date +%T)"
 BENCH_ARGS="--agents 8 --turns 4 --arms adp --target-workers 8 --card-bytes 64G --target-mdts 128K" \
   $v agents $R/agents-mdts128k
-(cd $R && tar czf /root/part-g.tgz agents-mdts128k)
+(cd $R && tar czf /root/part-h.tgz agents-mdts128k)
 echo "== done $(date +%T)"

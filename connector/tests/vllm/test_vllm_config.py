@@ -107,3 +107,36 @@ def test_pending_save_cap_follows_staging_unless_given(monkeypatch: pytest.Monke
     assert config.parse_config(base).max_pending_save_mb == 8000
     assert config.parse_config({**base, "staging_mb": 2048}).max_pending_save_mb == 4096  # never below 4096
     assert config.parse_config({**base, "max_pending_save_mb": 512}).max_pending_save_mb == 512
+
+
+def test_switch_interval_option() -> None:
+    assert parse_config({}).switch_interval_ms == 0.0  # vLLM's process is left as it is unless asked
+    assert parse_config({"switch_interval_ms": 0.5}).switch_interval_ms == 0.5
+    assert parse_config({"switch_interval_ms": 1}).switch_interval_ms == 1.0
+    with pytest.raises(ConfigError, match=">= 0"):
+        parse_config({"switch_interval_ms": -1})
+    with pytest.raises(ConfigError, match="switch_interval_ms"):
+        parse_config({"switch_interval_ms": "0.5"})
+
+
+def test_switch_interval_applies_to_the_process(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import sys
+
+    pytest.importorskip("torch")
+    from adp_connector.vllm.worker import apply_switch_interval
+
+    before = sys.getswitchinterval()
+
+    def ours() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "switch interval" in r.getMessage()]
+
+    try:
+        with caplog.at_level(logging.INFO, logger="vllm.adp_kv"):
+            apply_switch_interval(0.0)  # the control: 0 changes nothing and logs nothing
+            assert sys.getswitchinterval() == before and not ours()
+            apply_switch_interval(0.5)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        assert any("-> 0.5 ms" in m for m in ours())
+    finally:
+        sys.setswitchinterval(before)

@@ -46,6 +46,7 @@ class ADPConfig:
     restore_prior_gbps: float = 4.0
     restore_stream_priority: str = "high"
     page_copy: str = "fused"
+    switch_interval_ms: float = 0.0
     io_threads: int = 2
     io_process: bool = True
     load_processes: int = 1
@@ -94,6 +95,10 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "page_copy": ((str,), "GPU: fused: a batch of pages moves between staging and every layer of the KV cache in one "
                   "Triton kernel launch (restores and saves; layer by layer where the layout or the host does not "
                   "allow it, logged); per_layer: tensor calls per layer"),
+    "switch_interval_ms": ((int, float), "GPU worker: set the engine process's interpreter switch interval "
+                           "(sys.setswitchinterval; Python's default 5 ms) when the KV cache registers: how long the "
+                           "restore driver waits for the interpreter lock that vLLM's step loop holds, after each "
+                           "copy launch; 0: leave it as it is"),
     "io_threads": ((int,), "concurrent store batches per process"),
     "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
@@ -114,7 +119,8 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
 _POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks", "load_processes",
              "save_processes"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
-                 "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens", "restore_prior_gbps"}
+                 "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens", "restore_prior_gbps",
+                 "switch_interval_ms"}
 
 
 MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; each writer helper holds one

@@ -9,6 +9,7 @@ failures reported as ``failed_recving`` (or, vLLM 0.26, block ids and a worker-m
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -130,6 +131,7 @@ class WorkerSide:
                                         discard_corrupt=self.cfg.save, ledger=self.saves.ledger,
                                         max_inflight=restore_inflight(self.cfg))
         if devs and devs[0].type == "cuda":  # landed batches move as they land, not at the engine's next step
+            apply_switch_interval(self.cfg.switch_interval_ms)
             self.restores.run_driver(lambda: self.link.store, on_start=lambda d=devs[0]: torch.cuda.set_device(d))
 
     # ------------------------------------------------------------------ restores
@@ -222,3 +224,14 @@ class WorkerSide:
             self.restores.stop_driver()
         if self.saves is not None:
             self.saves.close(30.0)
+
+
+def apply_switch_interval(ms: float) -> None:
+    """Set this process's interpreter switch interval to ``ms`` (the ``switch_interval_ms`` option; 0: unchanged),
+    logged with the value it replaces: it holds for every thread of the engine process, vLLM's included."""
+    if ms <= 0:
+        return
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(ms / 1000.0)
+    log.info("ADP KV: interpreter switch interval %.3g -> %.3g ms in this engine process (switch_interval_ms)",
+             before * 1000.0, sys.getswitchinterval() * 1000.0)
