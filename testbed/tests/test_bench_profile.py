@@ -63,3 +63,44 @@ def test_profiler_records_the_server_process_stacks(tmp_path: Path) -> None:
     assert "busy_serving_requests" in stacks
     assert not (tmp_path / "pyspy-adp-engine.txt").exists()
     assert sorted(p.name for p in tmp_path.glob("pyspy-*.gz")) == ["pyspy-adp-engine.txt.gz"]
+
+
+def test_profile_gil_needs_profile(tmp_path: Path) -> None:
+    with pytest.raises(O.UsageError, match="--profile-gil needs --profile"):
+        Run("sweep", _args(tmp_path, "--profile-gil"), {})
+
+
+_TWO_THREADS = """import hashlib, threading, time
+def hashing_without_the_lock():
+    data = bytes(1 << 24)
+    t = time.time()
+    while time.time() - t < 3.0:
+        hashlib.sha256(data).digest()
+def busy_holding_the_lock():
+    t = time.time()
+    while time.time() - t < 3.0:
+        pass
+th = threading.Thread(target=hashing_without_the_lock)
+th.start()
+busy_holding_the_lock()
+th.join()
+"""
+
+
+@pytest.mark.parametrize("gil", [True, False])
+def test_profile_gil_samples_only_the_lock_holder(tmp_path: Path, gil: bool) -> None:
+    """--profile-gil: a thread hashing with the interpreter lock released is not sampled, the thread running
+    bytecode is; without it (the control) both are."""
+    if SV.py_spy() is None:
+        pytest.skip("py-spy not on PATH (requirements-dev.txt installs it)")
+    path = tmp_path / "pyspy-adp-engine.txt"
+    srv = SV.VllmServer(SV.EngineSpec(model="m", max_model_len=16), sys.executable, tmp_path / "x.log",
+                        profile_path=path, profile_gil=gil)
+    srv.proc = subprocess.Popen([sys.executable, "-c", _TWO_THREADS], start_new_session=True)
+    srv._start_profiler(path)
+    srv.proc.wait(30)
+    srv.stop()
+    with gzip.open(tmp_path / "pyspy-adp-engine.txt.gz", "rt") as f:
+        stacks = f.read()
+    assert "busy_holding_the_lock (<string>" in stacks  # a frame, not the command line in py-spy's process header
+    assert ("hashing_without_the_lock (<string>" in stacks) is not gil

@@ -74,6 +74,9 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated arms whose `vllm serve` process tree py-spy samples for the arm's whole run "
                         f"({SV.PROFILE_RATE_HZ} Hz, non-blocking; raw stacks in <out>/logs/pyspy-<arm>-<tag>.txt.gz); "
                         "needs py-spy (on PATH or beside the interpreter)")
+    p.add_argument("--profile-gil", action="store_true",
+                   help="with --profile: sample only the thread that holds the interpreter lock (py-spy --gil), to "
+                        "see what holds the engine process's lock while the connector's threads wait for it")
 
 
 def connector_opt(text: str) -> tuple[str, Any]:
@@ -126,6 +129,8 @@ class Run:
         if bad:
             raise O.UsageError(f"testbed bench {scenario}: --profile: unknown arm(s) {bad}; "
                                f"choose from {list(SV.ARMS)}")
+        if args.profile_gil and not self.profile:
+            raise O.UsageError(f"testbed bench {scenario}: --profile-gil needs --profile ARMS")
         if self.profile and SV.py_spy() is None:
             raise O.UsageError(f"testbed bench {scenario}: --profile needs py-spy (pip install py-spy)")
         try:  # a bad --connector-opt fails here, not after the other arms have run
@@ -156,7 +161,8 @@ class Run:
     def server(self, arm: str, kv_transfer: dict[str, Any] | None, tag: str) -> SV.VllmServer:
         logs = self.out / "logs"
         return SV.VllmServer(self.spec(kv_transfer), self.python, logs / f"{arm}-{tag}.log",
-                             profile_path=logs / f"pyspy-{arm}-{tag}.txt" if arm in self.profile else None)
+                             profile_path=logs / f"pyspy-{arm}-{tag}.txt" if arm in self.profile else None,
+                             profile_gil=self.args.profile_gil)
 
     @contextlib.contextmanager
     def connector(self, arm: str) -> Iterator[tuple[dict[str, Any] | None, str]]:
@@ -238,6 +244,7 @@ class Run:
                             "target_mdts": None if self.args.target else self.args.target_mdts},
             "connector_options": dict(self.args.connector_opt),
             "profiled_arms": self.profile,
+            "profiled_lock_holder_only": bool(self.args.profile_gil),
             "budgets": {"card_bytes": None if self.args.target else
                         self.args.card_bytes or self.settings["target_capacity_bytes"],
                         "offload_cpu_bytes": self.args.offload_bytes or self.settings["offload_cpu_bytes"]},

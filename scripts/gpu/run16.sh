@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The next H200 runs (run 15 was planned 2026-12-02 after run 14; run 16 adds a step list, the 8-agent pair, the
+# ceiling arm and the lock profile). Each step is a letter; STEPS picks them, in the order given (default: all, about
+# 50 minutes on a warm machine, more than one session's 30). Each step archives itself as /root/part-X.tgz as it ends.
+#   u  the pipelines' tests on CUDA                     s  the scatter under a Python load at three switch intervals
+#   x  8 agents, adp and cpu-offload, equal 64 GiB     f  adp at 8 agents, switch_interval_ms=0.5, lock-holder profile
+#   c  16 agents, 16 GiB CPU tier, 96 GiB card          k  8 agents, no connector, a GPU cache that holds every history
+#   b  agents 1, 4, 8, three arms                       d  the sweep to 128 users
+#   e  the restore path over 16 GB, splice and copy     g  adp at 8 agents under py-spy (active threads)
+#   h  adp at 8 agents, the card at MDTS 128K
+# The base wheel set is enough:
+#   ../shared/gpu/prepare-wheels --chunk-mb 50   (8 chunks: with the checkout a 60 MB chunk is over 64 MiB),
+#   plus .whl (validate.sh's header says which wheels)
+# Start it in the background after the chunks, then collect /root/part-*.tgz with wait calls issued back to back (a
+# gap over 30 s gives the machine back; bg.sh wait then fails at once with status 4 instead of waiting on nothing):
+#   source .vllm-gpu/bin/device-install.sh && STEPS="x f c s" bash scripts/gpu/bg.sh start run16 bash scripts/gpu/run16.sh
+#   bash scripts/gpu/bg.sh wait run16 540; cp /root/part-*.tgz "$OUT"/
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+R=/root/res
+mkdir -p $R
+export TMPDIR=/dev/shm
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; lscpu | grep "Model name"; free -g;
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+  > $R/host.txt 2>&1
+v="bash $root/scripts/gpu/validate.sh"
+A8="--agents 8 --turns 4 --target-workers 8 --card-bytes 64G"
+step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /root/part-LETTER.tgz
+  echo "== $1 $(date +%T)"
+  case "$1" in
+    # the pipelines' tests on CUDA
+    u) $v gpu-unit $R/u ;;
+    # the scatter under a Python load at three interpreter switch intervals (run 14: the fused copy moved 0.67 GB/s
+    # there at Python's default 5 ms: does a shorter interval free the restore driver?)
+    s) SCATTER_GB=16 SCATTER_ARGS="--max-seconds 10 --switch-intervals 0.005,0.001,0.0002" $v scatter $R/s ;;
+    # issue 14: 8 agents at equal 64 GiB budgets, adp and cpu-offload in one run (run 14: 14.6 against 18.3 tok/s)
+    x) BENCH_ARGS="$A8 --arms adp,cpu-offload --offload-bytes 64G" $v agents $R/x ;;
+    # issue 14: the adp arm at 8 agents with the engine's switch interval at 0.5 ms, py-spy sampling only the thread
+    # that holds the interpreter lock (what holds the engine process's lock while the restore driver waits for it)
+    f) BENCH_ARGS="$A8 --arms adp --connector-opt switch_interval_ms=0.5 --profile adp --profile-gil" \
+         $v agents $R/f ;;
+    # issue 14: 16 agents with a CPU tier below their working set (16 x 20k-token histories and 3 turns of 1.5k:
+    # ~51 GB of KV) while the card holds it (not reached in runs 13 and 14)
+    c) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp,cpu-offload --target-workers 8 \
+--card-bytes 96G --offload-bytes 16G" $v agents $R/c ;;
+    # issue 14: the ceiling at 8 agents: no connector with a GPU KV cache that holds all 8 histories (~48 GB), so
+    # nothing is evicted; no tier can make the 8-agent run faster than this
+    k) BENCH_ARGS="--agents 8 --turns 4 --arms baseline --kv-cache-bytes 80G" $v agents $R/k ;;
+    # issue 14: agents 1, 4 and 8 at equal budgets, three arms (the 1-agent cost gate)
+    b) BENCH_ARGS="--agents 1,4,8 --turns 4 --arms adp,baseline,cpu-offload --target-workers 8 --card-bytes 64G \
+--offload-bytes 64G" $v agents $R/b ;;
+    # issue 14: the sweep with the defaults, to 128 users
+    d) BENCH_ARGS="--users 1,16,64,128 --arms baseline,adp --target-workers 8" $v sweep $R/d ;;
+    # issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside
+    # a Python thread at 5 and 0.5 ms switch intervals (the engine's step loop beside the restore driver)
+    e) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
+--python-load 0.005,0.0005" $v restore-path $R/e ;;
+    # issue 14/15: the adp arm at 8 agents with py-spy on the engine's process tree (active threads)
+    g) BENCH_ARGS="$A8 --arms adp --profile adp" $v agents $R/g ;;
+    # the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine
+    h) BENCH_ARGS="$A8 --arms adp --target-mdts 128K" $v agents $R/h ;;
+    *) echo "run16: unknown step $1" >&2; return 2 ;;
+  esac
+  (cd $R && tar czf /root/part-$1.tgz host.txt "$1")
+}
+for s in ${STEPS:-x f c k s u b d e g h}; do step "$s"; done
+echo "== done $(date +%T)"
