@@ -4,7 +4,9 @@ outermost ``adp_connector`` frame).
 
     python3 scripts/gpu/pyspy_connector_frames.py docs/results/gpu-2026-12-01-run9/agents/logs/pyspy-adp-engine.txt.gz
 
-py-spy records active samples only (no ``--idle``), so every count is time on a CPU, at the bench's 25 Hz.
+py-spy records active samples only (no ``--idle``), so every count is time on a CPU, at the bench's 25 Hz; with
+``--profile-gil`` only the thread holding the interpreter lock is sampled, so the engine core's phases below are the
+time its lock was held, by whom.
 """
 
 from __future__ import annotations
@@ -29,9 +31,24 @@ def kind(stack: str) -> str:
     return "other"
 
 
-def summarize(path: str) -> tuple[collections.Counter[str], collections.Counter[str]]:
+def phase(stack: str) -> str:
+    """Where an engine-core sample falls: start-up, vLLM's busy loop (its own code, or inside the connector's calls),
+    the connector's threads (restore driver, store proxy reader, save submitter), or vLLM's other threads."""
+    frames = [fr for fr in stack.split(";") if re.match(r"\S+ \(", fr)]  # frames, not process headers
+    text = ";".join(frames)
+    if "run_busy_loop (" in text:
+        return "busy loop: inside the connector's calls" if "adp_connector/" in text else "busy loop: vLLM"
+    if "EngineCoreProc.__init__ (" in text or "run_module (" in text:
+        return "start-up (imports, compile, graph capture)"
+    if "adp_connector/" in text:
+        return "connector threads"
+    return "other threads"
+
+
+def summarize(path: str) -> tuple[collections.Counter[str], collections.Counter[str], collections.Counter[str]]:
     procs: collections.Counter[str] = collections.Counter()
     entries: collections.Counter[str] = collections.Counter()
+    phases: collections.Counter[str] = collections.Counter()
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         for line in f:
@@ -41,19 +58,23 @@ def summarize(path: str) -> tuple[collections.Counter[str], collections.Counter[
             procs[k] += n
             if k != "engine-core":
                 continue
+            phases[phase(stack)] += n
             first = next((fr for fr in stack.split(";") if "adp_connector/" in fr), None)
             if first is not None:
                 entries[re.sub(r":\d+\)$", ")", first)] += n
-    return procs, entries
+    return procs, entries, phases
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: pyspy_connector_frames.py PYSPY_RAW[.gz]", file=sys.stderr)
         return 2
-    procs, entries = summarize(argv[0])
+    procs, entries, phases = summarize(argv[0])
     for k, n in procs.most_common():
         print(f"{n:7d}  {k}")
+    print(f"{sum(phases.values()):7d}  engine-core samples by phase:")
+    for ph, n in phases.most_common():
+        print(f"{n:7d}    {ph}")
     print(f"{sum(entries.values()):7d}  engine-core samples inside the connector, by entry point:")
     for fr, n in entries.most_common():
         print(f"{n:7d}    {fr}")

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The next H200 runs (run 15 was planned 2026-12-02 after run 14; run 16 adds a step list, the 8-agent pair, the
-# ceiling arm and the lock profile). Each step is a letter; STEPS picks them, in the order given (default: all, about
-# 50 minutes on a warm machine, more than one session's 30). Each step archives itself as /root/part-X.tgz as it ends.
+# The H200 runs since run 15's plan (run 16 ran x c f k s e u: docs/benchmarks.md "Run 16"). Each step is a letter;
+# STEPS picks them, in the order given (default: all, the most wanted first, about 50 minutes on a warm machine, more
+# than one session's 30). Each step archives itself as /root/part-X.tgz as it ends.
 #   u  the pipelines' tests on CUDA                     s  the scatter under a Python load at three switch intervals
 #   x  8 agents, adp and cpu-offload, equal 64 GiB     f  adp at 8 agents, switch_interval_ms=0.5, lock-holder profile
-#   c  16 agents, 16 GiB CPU tier, 96 GiB card          k  8 agents, no connector, a GPU cache that holds every history
+#   c  16 agents, 16 GiB CPU tier, 96 GiB card, 3 arms   k  8 agents, no connector, a GPU cache that holds every history
+#   l  16 agents (c's histories), no connector, a GPU cache that holds every history
 #   b  agents 1, 4, 8, three arms                       d  the sweep to 128 users
 #   e  the restore path over 16 GB, splice and copy     g  adp at 8 agents under py-spy (active threads)
 #   h  adp at 8 agents, the card at MDTS 128K
@@ -13,7 +14,7 @@
 #   plus .whl (validate.sh's header says which wheels)
 # Start it in the background after the chunks, then collect /root/part-*.tgz with wait calls issued back to back (a
 # gap over 30 s gives the machine back; bg.sh wait then fails at once with status 4 instead of waiting on nothing):
-#   source .vllm-gpu/bin/device-install.sh && STEPS="x f c s" bash scripts/gpu/bg.sh start run16 bash scripts/gpu/run16.sh
+#   source .vllm-gpu/bin/device-install.sh && STEPS="c l" bash scripts/gpu/bg.sh start run16 bash scripts/gpu/run16.sh
 #   bash scripts/gpu/bg.sh wait run16 540; cp /root/part-*.tgz "$OUT"/
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,9 +41,11 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     f) BENCH_ARGS="$A8 --arms adp --connector-opt switch_interval_ms=0.5 --profile adp --profile-gil" \
          $v agents $R/f ;;
     # issue 14: 16 agents with a CPU tier below their working set (16 x 20k-token histories and 3 turns of 1.5k:
-    # ~51 GB of KV) while the card holds it (not reached in runs 13 and 14)
-    c) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp,cpu-offload --target-workers 8 \
+    # ~52 GB of KV) while the card holds it (run 16 ran adp and cpu-offload: 1.58x, 643 saves dropped)
+    c) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp,cpu-offload,baseline --target-workers 8 \
 --card-bytes 96G --offload-bytes 16G" $v agents $R/c ;;
+    # issue 14: the ceiling at 16 agents (is 2x cpu-offload below it?)
+    l) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms baseline --kv-cache-bytes 80G" $v agents $R/l ;;
     # issue 14: the ceiling at 8 agents: no connector with a GPU KV cache that holds all 8 histories (~48 GB), so
     # nothing is evicted; no tier can make the 8-agent run faster than this
     k) BENCH_ARGS="--agents 8 --turns 4 --arms baseline --kv-cache-bytes 80G" $v agents $R/k ;;
@@ -63,5 +66,5 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
   esac
   (cd $R && tar czf /root/part-$1.tgz host.txt "$1")
 }
-for s in ${STEPS:-x f c k s u b d e g h}; do step "$s"; done
+for s in ${STEPS:-c l x k b d e u s f g h}; do step "$s"; done
 echo "== done $(date +%T)"

@@ -30,6 +30,10 @@ vllm:external_prefix_cache_queries_total{engine="1",model_name="tiny"} 1000.0
 vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny"} 3968.0
 vllm:time_to_first_token_seconds_bucket{le="0.1"} 3.0
 vllm:adp_kv_pages_loaded_total{engine="0"} 31.0
+vllm:adp_kv_saves_dropped_by_cause_total{cause="no_staging",engine="0"} 600.0
+vllm:adp_kv_saves_dropped_by_cause_total{cause="pending_cap",engine="0"} 43.0
+vllm:adp_kv_load_failures_total{cause="evicted",engine="0"} 2.0
+vllm:prefix_cache_hits_total{cause="odd",engine="1"} 0.0
 """
 
 
@@ -61,6 +65,10 @@ def test_parse_metrics_and_counters() -> None:
     c = serve.counters(m)
     assert c["external_prefix_cache_hits"] == 3968.0 and c["adp_kv_pages_loaded"] == 31.0
     assert c["num_preemptions"] == 0.0  # absent series read as 0
+    assert c["adp_kv_saves_dropped_by_cause{cause=no_staging}"] == 600.0  # drops and failures kept by cause
+    assert c["adp_kv_saves_dropped_by_cause{cause=pending_cap}"] == 43.0
+    assert c["adp_kv_load_failures{cause=evicted}"] == 2.0 and c["adp_kv_load_failures"] == 2.0
+    assert not any(k.startswith("prefix_cache_hits{") for k in c)  # only the cause-labelled families are split
     d = serve.delta(c, {k: 1.0 for k in c})
     assert d["prefix_cache_hits"] == 895.0
     with pytest.raises(ValueError):  # prometheus_client's parser reads the page: a broken one is an error
@@ -467,7 +475,10 @@ def test_save_rates_compare_what_was_asked_of_the_card_with_what_it_wrote():
     cnt = {"adp_kv_pages_saved": 300.0, "adp_kv_saves_dropped": 100.0, "adp_kv_bytes_saved": 300 * 2e6}
     r = save_rates(cnt, 2.0)
     assert r == {"offered_gbps": 0.4, "written_gbps": 0.3, "dropped_share": 0.25}
-    assert "asked 0.40 GB/s wrote 0.30 GB/s dropped 25.0%" in save_line({"saves": r})
+    assert save_line({"saves": r}).endswith("asked 0.40 GB/s wrote 0.30 GB/s dropped 25.0%")
+    by_cause = {"adp_kv_saves_dropped_by_cause{cause=no_staging}": 70.0,
+                "adp_kv_saves_dropped_by_cause{cause=pending_cap}": 30.0, "adp_kv_saves_dropped_by_cause{cause=x}": 0}
+    assert save_line({"saves": r, "counters": by_cause}).endswith("dropped 25.0% (no_staging 70, pending_cap 30 pages)")
     # the control: a phase that kept up asks exactly what it wrote, and one that planned nothing prints nothing
     kept = save_rates({"adp_kv_pages_saved": 300.0, "adp_kv_bytes_saved": 300 * 2e6}, 2.0)
     assert kept["offered_gbps"] == kept["written_gbps"] == 0.3 and kept["dropped_share"] == 0.0

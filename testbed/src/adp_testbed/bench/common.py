@@ -290,8 +290,11 @@ def save_line(pt: dict[str, Any]) -> str:
     sv = pt.get("saves") or {}
     if not sv.get("offered_gbps"):
         return ""
+    prefix = "adp_kv_saves_dropped_by_cause{cause="
+    causes = ", ".join(f"{k[len(prefix):-1]} {v:.0f}" for k, v in sorted((pt.get("counters") or {}).items())
+                       if k.startswith(prefix) and v)
     return (f"  saves asked {sv['offered_gbps']:.2f} GB/s wrote {sv['written_gbps']:.2f} GB/s "
-            f"dropped {sv['dropped_share']:.1%}")
+            f"dropped {sv['dropped_share']:.1%}" + (f" ({causes} pages)" if causes else ""))
 
 
 def print_points(result: dict[str, Any], run: Run, line: Callable[[dict[str, Any]], str]) -> int:

@@ -40,6 +40,8 @@ COUNTERS = (
     "vllm:adp_kv_restores_declined",  # hits recomputed because the card was estimated slower (restore_policy)
     "vllm:adp_kv_saves_deduped",  # pages not written again: the card already held them
 )
+# Counter families kept per ``cause`` label as well (``<name>{cause=<cause>}``), besides their sum.
+BY_CAUSE = ("vllm:adp_kv_load_failures", "vllm:adp_kv_saves_dropped_by_cause")
 
 
 class ServeError(RuntimeError):
@@ -151,20 +153,29 @@ class EngineSpec:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {series name without ``_total``: value summed over labels} (``_created`` and ``_bucket``
-    samples dropped). Parsed with prometheus_client's own parser: a /metrics page it cannot read is an error."""
+    samples dropped), and for the :data:`BY_CAUSE` families also ``<name>{cause=<cause>}`` per cause. Parsed with
+    prometheus_client's own parser: a /metrics page it cannot read is an error."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.endswith(("_created", "_bucket")):
                 continue
             name = sample.name.removesuffix("_total")
-            out[name] = out.get(name, 0.0) + float(sample.value)
+            keys = [name]
+            if name in BY_CAUSE and "cause" in sample.labels:
+                keys.append(f"{name}{{cause={sample.labels['cause']}}}")
+            for k in keys:
+                out[k] = out.get(k, 0.0) + float(sample.value)
     return out
 
 
 def counters(metrics: dict[str, float]) -> dict[str, float]:
-    """The :data:`COUNTERS` subset, short names (``vllm:`` prefix dropped), absent ones 0."""
-    return {k.removeprefix("vllm:"): metrics.get(k, 0.0) for k in COUNTERS}
+    """The :data:`COUNTERS` subset, short names (``vllm:`` prefix dropped), absent ones 0, and every per-cause
+    series of the :data:`BY_CAUSE` families that the page has (why restores failed and saves were dropped)."""
+    out = {k.removeprefix("vllm:"): metrics.get(k, 0.0) for k in COUNTERS}
+    per_cause = tuple(f"{f}{{" for f in BY_CAUSE)
+    out.update({k.removeprefix("vllm:"): v for k, v in metrics.items() if k.startswith(per_cause)})
+    return out
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
