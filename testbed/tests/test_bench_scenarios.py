@@ -347,7 +347,8 @@ def test_agents_cpu_smoke_under_eviction_restores_without_fallbacks(tmp_path: Pa
     the agents' 3000-token histories, so each turn's prefix is evicted and must come back from the card. Restored
     hits > 0 (only an evicted prefix gives an external hit beyond the local one), 0 load fallbacks and 0 failed
     restores of any cause (a dropped or uncommitted save offered as a hit would fail its restore), 0 failed
-    requests. The failure counters' own negative control is the corrupted-card restart test above."""
+    requests, no save dropped. The failure counters' own negative control is the corrupted-card restart test above;
+    saves that wait for room instead of being dropped are the connector's layer test (a slow target)."""
     py = _vllm_python()
     if py is None:
         pytest.skip("vLLM is not installed (no .venv-vllm / $ADP_KV_VLLM_PYTHON): scripts/install-vllm-cpu.sh")
@@ -363,6 +364,7 @@ def test_agents_cpu_smoke_under_eviction_restores_without_fallbacks(tmp_path: Pa
     assert pt["agents"] == 4 and pt["failed"] == 0, pt
     assert c["external_prefix_cache_hits"] > 0 and c["adp_kv_loads_ok"] > 0, c
     assert c["adp_kv_load_fallbacks"] == 0 and c["adp_kv_load_failures"] == 0, c
+    assert c["adp_kv_saves_dropped"] == 0, c
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 

@@ -143,6 +143,20 @@ def test_a_restore_queued_behind_moving_ones_waits_past_the_timeout(monkeypatch:
     assert [j.req_id for j in done] == ["B"] and not done[0].failed and int(kv[20, 0]) == 40
 
 
+def test_a_restore_short_of_slabs_says_so_until_it_gets_them() -> None:
+    """``wants_staging`` (which waiting saves yield to) is set while a batch finds no free slab, cleared once every
+    batch has one; the cap on batches in flight (``max_inflight``) is not a want of staging (the control)."""
+    _, pipe, store = _setup(max_inflight=None)
+    pipe.start(_job("A", 10, 10, 0), store)  # 5 batches for 4 slabs
+    assert len(store.batches) == 4 and pipe.wants_staging
+    store.batches[0].land()
+    pipe.poll(store)
+    assert len(store.batches) == 5 and not pipe.wants_staging
+    _, capped, store = _setup(max_inflight=1)
+    capped.start(_job("B", 20, 4, 8), store)
+    assert len(store.batches) == 1 and not capped.wants_staging
+
+
 def test_no_progress_for_the_timeout_fails_with_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
     """Controls: a batch in flight that does not land within the timeout fails its restore as timed_out, and the
     restore queued behind it, with nothing landing anywhere, as no_staging."""

@@ -7,6 +7,7 @@ A unit test of the pipeline layer: the store is a stand-in that keeps what it is
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -82,3 +83,122 @@ def test_one_gather_per_step_or_one_per_slab_give_the_same_bytes(device: str, mo
     monkeypatch.setattr(save_mod, "GATHER_MAX_BYTES", 0)
     apart, _, _ = _save_all(device, blocks, step_gather=True)
     assert together.saved == apart.saved and len(apart.saved) == len(blocks)
+
+
+class _HeldStore(_KeepingStore):
+    """Keeps what it is given, but completes each batch only when :meth:`release` is called (a card that writes
+    slower than the engine computes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[tuple[BatchHandle, list[PageResult]]] = []
+
+    def save_batch(self, keys, buffers) -> BatchHandle:
+        h = BatchHandle("save", len(keys))
+        res = []
+        with self.lock:
+            for k, b in zip(keys, buffers, strict=True):
+                self.saved[bytes(k)] = bytes(memoryview(b).cast("B"))
+                res.append(PageResult(bytes(k), PageStatus.OK, len(memoryview(b).cast("B"))))
+            self.held.append((h, res))
+        return h
+
+    def release(self) -> None:
+        with self.lock:
+            held, self.held = self.held, []
+        for h, res in held:
+            h._set(res)
+
+
+def _burst(device: str, spill_pages: int, blocks: list[int]):
+    """One slab of staging (4 pages) and a store that writes nothing until released: a save of ``blocks`` finds no
+    room past its first slab. Then the engine reuses the blocks (overwritten) and the store catches up."""
+    kv, views = _kv(device)
+    pb = kv.page_bytes(0)
+    before = {b: _expected(views, b) for b in blocks}
+    pool = StagingPool(4 * pb, 4 * pb, pinned=device == "cuda")
+    counters = Counters()
+    pipe = SavePipeline(kv, pool, counters, max_pending_bytes=1 << 30, slab_required=True, step_gather=False,
+                        max_spill_bytes=spill_pages * pb)
+    store = _HeldStore()
+    pipe.save(store, 0, [(0, b, bytes([b]) * 32) for b in blocks], {})
+    waited = pipe.waiting_pages
+    for v in views:  # vLLM frees the blocks and computes other requests into them
+        v[blocks].fill_(7.0)
+    for _ in range(50):
+        store.release()
+        time.sleep(0.01)
+        pipe.drain()
+        if not pipe.waiting_pages and not pipe.pending_bytes:
+            break
+    store.release()
+    pipe.close(30)
+    return store, before, counters, waited
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_saves_wait_for_staging_instead_of_being_dropped(device: str) -> None:
+    """Issue 14 item 4: a burst over the staging waits in copies taken when it was asked for, and every page is
+    written with the bytes its block had then, though the blocks were reused before staging came back."""
+    blocks = list(range(10, 30))
+    store, before, counters, waited = _burst(device, spill_pages=64, blocks=blocks)
+    assert waited == 16 and counters["saves_waited"] == 16
+    assert counters["saves_dropped"] == 0 and counters["pages_saved"] == 20
+    for b in blocks:
+        assert store.saved[bytes([b]) * 32] == before[b], b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_saves_past_the_spill_bound_are_dropped_with_their_cause(device: str) -> None:
+    """The control: with room for 8 waiting pages, 8 of the 16 that found no staging are dropped (no_staging), the
+    rest written; with no spill at all (save_spill_mb 0) all 16 are dropped, as before."""
+    blocks = list(range(10, 30))
+    store, _, counters, _ = _burst(device, spill_pages=8, blocks=blocks)
+    assert counters["saves_waited"] == 8 and counters["saves_dropped"] == 8
+    assert counters[save_mod.DROP_COUNTER_PREFIX + "no_staging"] == 8 and len(store.saved) == 12
+    store, _, counters, _ = _burst(device, spill_pages=0, blocks=blocks)
+    assert counters["saves_waited"] == 0 and counters["saves_dropped"] == 16 and len(store.saved) == 4
+
+
+def test_saves_still_waiting_at_close_are_dropped_as_closed() -> None:
+    """A store that never writes: close() waits its bound, then drops what still waits (cause ``closed``)."""
+    kv, _ = _kv("cpu")
+    pb = kv.page_bytes(0)
+    counters = Counters()
+    pipe = SavePipeline(kv, StagingPool(4 * pb, 4 * pb, pinned=False), counters, max_pending_bytes=1 << 30,
+                        slab_required=True, step_gather=False, max_spill_bytes=64 * pb)
+    pipe.save(_HeldStore(), 0, [(0, b, bytes([b]) * 32) for b in range(12)], {})
+    pipe.close(0.2)
+    assert counters["saves_dropped"] == 8 and counters[save_mod.DROP_COUNTER_PREFIX + "closed"] == 8
+    assert pipe.waiting_pages == 0 and pipe.spill_bytes == 0
+
+
+def test_waiting_saves_let_restores_take_the_slabs_first() -> None:
+    """While a restore waits for a slab (``yield_staging``), drain() stages nothing; then it does."""
+    kv, _ = _kv("cpu")
+    pb = kv.page_bytes(0)
+    counters = Counters()
+    restores_waiting = [True]
+    pipe = SavePipeline(kv, StagingPool(4 * pb, 4 * pb, pinned=False), counters, max_pending_bytes=1 << 30,
+                        slab_required=True, step_gather=False, max_spill_bytes=64 * pb,
+                        yield_staging=lambda: restores_waiting[0])
+    store = _HeldStore()
+    pool = pipe.pool
+    pipe.save(store, 0, [(0, b, bytes([b]) * 32) for b in range(8)], {})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the first slab written and back in the pool
+        store.release()
+        slab = pool.take(pb, temporary=False)
+        if slab is not None:
+            pool.give(slab)
+            break
+        time.sleep(0.01)
+    assert pipe.drain() == 0 and pipe.waiting_pages == 4  # the slab is free, but a restore wants it
+    restores_waiting[0] = False
+    assert pipe.drain() == 4 and pipe.waiting_pages == 0
+    deadline = time.monotonic() + 10
+    while pipe.pending_bytes and time.monotonic() < deadline:  # the submitter thread hands it to the store
+        store.release()
+        time.sleep(0.01)
+    pipe.close(10)
+    assert counters["pages_saved"] == 8 and counters["saves_dropped"] == 0

@@ -140,3 +140,27 @@ def test_switch_interval_applies_to_the_process(caplog: pytest.LogCaptureFixture
         assert any("-> 0.5 ms" in m for m in ours())
     finally:
         sys.setswitchinterval(before)
+
+
+def test_save_spill_option_and_its_derived_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """save_spill_mb: null (derived), 0 (drop at once) or MiB; on a CPU KV cache the derived size is staging_mb,
+    on a GPU a quarter of the free memory, at most 8 GiB."""
+    torch = pytest.importorskip("torch")
+    from adp_connector.vllm import worker as W
+
+    assert parse_config({}).save_spill_mb is None
+    assert parse_config({"save_spill_mb": 0}).save_spill_mb == 0
+    assert parse_config({"save_spill_mb": None}).save_spill_mb is None
+    with pytest.raises(ConfigError, match=">= 0"):
+        parse_config({"save_spill_mb": -1})
+    with pytest.raises(ConfigError, match="save_spill_mb"):
+        parse_config({"save_spill_mb": 1.5})
+    cpu = torch.device("cpu")
+    assert W.save_spill_bytes(parse_config({"staging_mb": 1024}), cpu) == 1024 << 20
+    assert W.save_spill_bytes(parse_config({"save_spill_mb": 64}), cpu) == 64 << 20
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (80 << 30, 140 << 30))
+    assert W.save_spill_bytes(parse_config({}), gpu) == W.SAVE_SPILL_MAX_MB << 20
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (8 << 30, 140 << 30))
+    assert W.save_spill_bytes(parse_config({}), gpu) == 2 << 30
+    assert W.save_spill_bytes(parse_config({"save_spill_mb": 0}), gpu) == 0

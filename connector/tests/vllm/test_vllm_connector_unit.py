@@ -642,6 +642,7 @@ def test_a_failed_restore_names_its_cause(caplog: pytest.LogCaptureFixture) -> N
         assert "(missing: )" not in line
         # never committed: a save dropped for want of room, then asked for
         worker.worker_side.saves.max_pending_bytes = 0
+        worker.worker_side.saves.max_spill_bytes = 0  # no room to wait either: dropped
         worker.bind_connector_metadata(conn_meta(saves=[(0, 1, b"d" * 32)]))
         worker.wait_for_save()
         worker.clear_connector_metadata()
@@ -707,6 +708,7 @@ def test_only_committed_pages_are_offered() -> None:
         sched.update_state_after_alloc(r1, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
         # dropped: no room for saves in flight
         worker.worker_side.saves.max_pending_bytes = 0
+        worker.worker_side.saves.max_spill_bytes = 0  # no room to wait either: dropped
         meta = sched.build_connector_meta(_sched_out("r1", 13, [1, 2, 3, 4]))
         assert len(meta.saves) == 3
         _save(worker, meta)
@@ -730,6 +732,56 @@ def test_only_committed_pages_are_offered() -> None:
         assert worker.counters["pages_saved"] == 3
         sched.link.store.refresh()
         assert sched.get_num_new_matched_tokens(_request("r4", hashes, 13), 0) == (12, True)  # control
+    finally:
+        tgt.faults.set_delay(0.0)
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@pytest.mark.parametrize("spill", [True, False], ids=["waits", "control-no-spill"])
+def test_a_save_that_finds_no_room_waits_then_commits_and_restores(spill: bool) -> None:
+    """Issue 14 item 4 across the real store and target: a step's save that finds the previous one still in flight
+    (the target slow) and no room beside it waits in its copy, though the engine reuses its blocks at once; when
+    the card catches up the engine's next calls stage it, it commits, and its pages restore byte-identical to the
+    blocks as they were when it was asked for. The control (save_spill_mb 0): that save is dropped, not offered."""
+    tgt, sched, worker = _target_and_halves(io_process=True)
+    try:
+        kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+        worker.register_kv_caches(kv)
+        saves = worker.worker_side.saves
+        saves.max_pending_bytes = 1  # one save in flight at a time
+        saves.max_spill_bytes = (1 << 30) if spill else 0
+        tgt.faults.set_delay(0.5)
+        for rid, first, table in (("a", 0, [1, 2, 3, 4]), ("b", 10, [5, 6, 7, 8])):
+            r = _request(rid, [bytes([first + i]) * 32 for i in range(3)], 13)
+            sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda t=table: (t,)), 0)
+            worker.bind_connector_metadata(sched.build_connector_meta(_sched_out(rid, 13, table)))
+            worker.wait_for_save()
+            worker.clear_connector_metadata()
+        then = {n: t[5:8].clone() for n, t in kv.items()}
+        for t in kv.values():  # vLLM frees b's blocks and computes another request into them
+            t[5:8] = 0
+        assert saves.waiting_pages == (3 if spill else 0)
+        assert worker.counters["saves_waited"] == (3 if spill else 0)
+        assert worker.counters["saves_dropped"] == (0 if spill else 3)
+        tgt.faults.set_delay(0.0)
+        deadline = time.monotonic() + 20
+        while (saves.waiting_pages or saves.pending_bytes) and time.monotonic() < deadline:
+            worker.get_transfer_results(set())  # the engine's every step
+            time.sleep(0.02)
+        assert not saves.waiting_pages and not saves.pending_bytes
+        assert worker.counters["pages_saved"] == (6 if spill else 3)
+        sched.link.store.refresh()
+        hashes_b = [bytes([10 + i]) * 32 for i in range(3)]
+        if not spill:
+            assert sched.get_num_new_matched_tokens(_request("c", hashes_b, 13), 0) == (0, False)
+            return
+        _offered(sched, "c", hashes_b, 13, [9, 10, 11, 12], hit=12)
+        assert not _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "c").failed_recving
+        for n, t in kv.items():
+            assert torch.equal(t[9:12], then[n]), n
+            assert not torch.equal(t[9:12], t[5:8])  # the blocks' later contents were not what was saved
     finally:
         tgt.faults.set_delay(0.0)
         worker.shutdown()

@@ -124,6 +124,7 @@ class RestorePipeline:
         self.landed_t = 0.0  # when any batch last landed: a restore queued behind others waits while they move
         self._lock = threading.RLock()  # the caller's start/poll and the driver thread
         self._wake = threading.Event()  # set when a batch lands
+        self.wants_staging = False  # a batch waits for a free slab (its last feed found none)
         self._driver: threading.Thread | None = None
         self._stopping = False
 
@@ -188,6 +189,7 @@ class RestorePipeline:
         """Submit waiting batches, oldest job first, while a slab is free and fewer than ``max_inflight`` are in
         flight (a temporary buffer only if no slab can ever be); a job never overtakes an older one."""
         room = None if self.max_inflight is None else self.max_inflight - self.inflight()
+        self.wants_staging = False
         for job in self.jobs:
             for ch in job.chunks:
                 if job.failed:
@@ -200,6 +202,7 @@ class RestorePipeline:
                 n = len(ch.idxs)
                 buf = self.pool.take(n * pb, temporary=self.pool.max_slabs == 0)
                 if buf is None:
+                    self.wants_staging = True  # saves waiting for staging hold back (SavePipeline.drain)
                     return
                 ch.buf = buf
                 job.progress_t = _now()  # its batch got a slab: the wait for one ended

@@ -3,7 +3,10 @@
 Saves are staged in the step that computed the blocks, so the engine may free and reuse a block right after: on a
 GPU the gather is queued on the compute stream (before any later step's kernels) and the device -> host copy on a
 side stream, and a submitter thread starts the store batch when the copy has landed. Staged bytes in flight are
-capped (``max_pending_bytes``): beyond it, or with no free slab where one is required, a save is dropped (counted).
+capped (``max_pending_bytes``). Beyond it, or with no free slab where one is required, a save waits: its pages are
+copied (gathered) on the KV cache's device at once, so the engine may still reuse the blocks, and they are staged
+from that copy, oldest first, when room comes back (:meth:`SavePipeline.drain`, called every engine step). Those
+copies are bounded too (``max_spill_bytes``); only a save that finds no room there either is dropped (counted).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,10 +40,28 @@ D2H_INFLIGHT_BYTES = 1 << 30  # GPU memory of gathered save pages waiting for th
 GATHER_MAX_BYTES = 512 << 20
 DROP_COUNTER_PREFIX = "save_dropped_"  # pages of saves not attempted, by cause (exported with a cause label)
 DROP_CAUSES = {
-    "pending_cap": "max_pending_save_mb of saves already in flight",
-    "no_staging": "no free staging slab (staging_mb, shared with restores)",
+    "pending_cap": "max_pending_save_mb of saves already in flight, and save_spill_mb of saves waiting",
+    "no_staging": "no free staging slab (staging_mb, shared with restores), and save_spill_mb of saves waiting",
     "no_store": "no page store (target unreachable or I/O helper restarting)",
+    "closed": "the connector closed while the save waited for staging",
 }
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A save waiting for staging: its pages copied on the KV cache's device (``pages``, complete at ``ready``)."""
+
+    store: Store
+    gid: int
+    refs: list[PageRef]
+    pb: int
+    origin: dict[bytes, bytes]
+    pages: torch.Tensor
+    ready: Any
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.refs) * self.pb
 
 
 class SaveLedger:
@@ -70,11 +93,18 @@ class SavePipeline:
     """Stage and submit saves; ``failed_keys`` collects the keys whose save failed (by their origin key)."""
 
     def __init__(self, kv: PagedKV, pool: StagingPool, counters: Counters, *, max_pending_bytes: int,
-                 slab_required: bool, audit: PageAudit | None = None, step_gather: bool | None = None) -> None:
+                 slab_required: bool, audit: PageAudit | None = None, step_gather: bool | None = None,
+                 max_spill_bytes: int = 0, yield_staging: Callable[[], bool] | None = None) -> None:
         self.kv = kv
         self.pool = pool
         self.counters = counters
         self.max_pending_bytes = max_pending_bytes
+        self.max_spill_bytes = max_spill_bytes  # device copies of saves waiting for staging (0: drop at once)
+        self.spill_bytes = 0
+        self._waiting: deque[_Waiting] = deque()  # oldest first; touched by the engine thread only
+        self._wait_cause = "no_staging"  # why the oldest waiting save could not be staged
+        self._wait_lock = threading.Lock()  # the engine thread drains; close() may drain from another
+        self.yield_staging = yield_staging  # True while restores wait for a slab: waiting saves let them go first
         self.slab_required = slab_required  # an I/O helper reads only the shared arena: no temporary buffers
         self.step_gather = step_gather  # gather a step's pages at once (None: on a GPU, where launches cost)
         self.audit = audit
@@ -116,33 +146,89 @@ class SavePipeline:
 
     def _save_chunk(self, store: Store, gid: int, refs: list[PageRef], pb: int, origin: dict[bytes, bytes],
                     gathered: torch.Tensor | None = None) -> None:
-        """Stage up to one slab of pages and queue them for the store (the slab returns to the pool when written)."""
+        """Stage up to one slab of pages and queue them for the store (the slab returns to the pool when written);
+        with no room, the save waits behind the others (or is dropped when their copies are at their bound)."""
+        if self._waiting:
+            self.drain()  # room may have come back since the last step
+        cause = self._wait_cause if self._waiting else self._try_stage(store, gid, refs, pb, origin, gathered)
+        if cause is not None:
+            self._wait_or_drop(store, gid, refs, pb, origin, gathered, cause)
+
+    def _try_stage(self, store: Store, gid: int, refs: list[PageRef], pb: int, origin: dict[bytes, bytes],
+                   gathered: torch.Tensor | None, ready: Any = None) -> str | None:
+        """Stage ``refs`` and queue them for the store; the drop cause if there is no room now (nothing taken)."""
         nbytes = len(refs) * pb
-        with self._lock:
-            room = self.pending_bytes + nbytes <= self.max_pending_bytes
+        with self._lock:  # a save larger than the cap goes alone, so that a waiting one always gets its turn
+            room = self.pending_bytes + nbytes <= self.max_pending_bytes or (
+                self.pending_bytes == 0 and self.max_pending_bytes > 0)
             if room:
                 self.pending_bytes += nbytes
         if not room:
-            self._dropped(refs, origin, "pending_cap")
-            return
+            self._wait_cause = "pending_cap"
+            return self._wait_cause
         buf = self.pool.take(nbytes, temporary=not self.slab_required or self.pool.max_slabs == 0)
         if buf is None:
-            self._dropped(refs, origin, "no_staging")
             with self._lock:
                 self.pending_bytes -= nbytes
-            return
+            self._wait_cause = "no_staging"
+            return self._wait_cause
         stage = buf[:nbytes].view(len(refs), pb)
         try:
-            ready = self._stage(gid, [b for _, b, _ in refs], stage, gathered)
+            copied = self._stage(gid, [b for _, b, _ in refs], stage, gathered, ready)
         except Exception as exc:
             log.warning("ADP KV: staging a save failed: %s", exc)
             self._failed(refs, buf, nbytes, origin)
-            return
+            return None
         mine = {k: origin[k] for _, _, k in refs if k in origin}
         if self._submitter is None:
             self._submitter = threading.Thread(target=self._submit_loop, name="adpkv-save-submit", daemon=True)
             self._submitter.start()
-        self._queue.put((ready, store, gid, refs, stage, buf, nbytes, mine))
+        self._queue.put((copied, store, gid, refs, stage, buf, nbytes, mine))
+        return None
+
+    def _wait_or_drop(self, store: Store, gid: int, refs: list[PageRef], pb: int, origin: dict[bytes, bytes],
+                      gathered: torch.Tensor | None, cause: str) -> None:
+        """Copy the pages on their device and queue the save for :meth:`drain`, within ``max_spill_bytes``."""
+        nbytes = len(refs) * pb
+        if self.spill_bytes + nbytes > self.max_spill_bytes:
+            self._dropped(refs, origin, cause)
+            return
+        try:
+            pages = gathered if gathered is not None else self.kv.gather_on_device(gid, [b for _, b, _ in refs])
+        except Exception as exc:
+            log.warning("ADP KV: copying %d save pages to wait for staging failed: %s", len(refs), exc)
+            self._dropped(refs, origin, cause)
+            return
+        ready = None
+        if pages.device.type == "cuda":  # the copy is queued on the compute stream: staging waits for this event
+            ready = torch.cuda.Event()
+            ready.record()
+        with self._wait_lock:
+            self._waiting.append(_Waiting(store, gid, refs, pb, origin, pages, ready))
+            self.spill_bytes += nbytes
+        self.counters.add(saves_waited=len(refs))
+
+    def drain(self) -> int:
+        """Stage waiting saves, oldest first, while there is room and no restore waits for a slab (engine thread,
+        every step); pages staged."""
+        staged = 0
+        if self.yield_staging is not None and self.yield_staging():
+            return staged
+        with self._wait_lock:
+            while self._waiting:
+                w = self._waiting[0]
+                if self._try_stage(w.store, w.gid, w.refs, w.pb, w.origin, w.pages, w.ready) is not None:
+                    break
+                self._waiting.popleft()
+                self.spill_bytes -= w.nbytes
+                staged += len(w.refs)
+        return staged
+
+    @property
+    def waiting_pages(self) -> int:
+        """Pages of saves waiting for staging."""
+        with self._wait_lock:
+            return sum(len(w.refs) for w in self._waiting)
 
     def _bound_d2h(self) -> None:
         """Wait while more than D2H_INFLIGHT_BYTES of gathered pages wait for their device -> host copy (saves
@@ -156,9 +242,11 @@ class SavePipeline:
                 oldest = self._d2h_inflight[0][0]
             oldest.synchronize()
 
-    def _stage(self, gid: int, block_ids: list[int], out: torch.Tensor, gathered: torch.Tensor | None = None) -> Any:
+    def _stage(self, gid: int, block_ids: list[int], out: torch.Tensor, gathered: torch.Tensor | None = None,
+               ready: Any = None) -> Any:
         """Copy the pages into ``out``; on a GPU asynchronously (returns the CUDA event that marks the copy done).
-        ``gathered``: the pages already gathered on the GPU (rows in ``block_ids`` order)."""
+        ``gathered``: the pages already gathered on the GPU (rows in ``block_ids`` order), complete once ``ready``
+        (an event; None: once the work queued on the current stream so far has run)."""
         dev = self.kv.device(gid)
         if dev.type != "cuda":
             if gathered is None:
@@ -171,8 +259,10 @@ class SavePipeline:
         if gathered is None:
             self._bound_d2h()
             gathered = self.kv.gather_on_device(gid, block_ids)  # queued on the compute stream, after the forward
-        compute_done = torch.cuda.Event()
-        compute_done.record()
+        compute_done = ready
+        if compute_done is None:
+            compute_done = torch.cuda.Event()
+            compute_done.record()
         side = self._d2h_stream
         with torch.cuda.stream(side):
             side.wait_event(compute_done)
@@ -250,8 +340,16 @@ class SavePipeline:
         self.pool.give(buf)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Let staged and in-flight saves finish (bounded by ``timeout``)."""
+        """Let waiting, staged and in-flight saves finish (bounded by ``timeout``); what still waits is dropped."""
         deadline = time.monotonic() + timeout
+        while self.drain() or self._waiting:  # each slab written frees room for the next waiting save
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        with self._wait_lock:
+            left, self._waiting, self.spill_bytes = list(self._waiting), deque(), 0
+        for w in left:
+            self._dropped(w.refs, w.origin, "closed")
         if self._submitter is not None:  # staged slabs still queued reach the store first
             self._queue.put(None)
             self._submitter.join(timeout)

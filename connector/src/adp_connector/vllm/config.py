@@ -40,6 +40,7 @@ class ADPConfig:
     refresh_interval_s: float = 1.0
     max_pending_save_mb: int = 4096
     staging_mb: int = 4096
+    save_spill_mb: int | None = None
     min_hit_blocks: int = 1
     min_load_tokens: int = 0
     restore_policy: str = "auto"
@@ -76,10 +77,16 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "load_timeout_s": ((int, float), "a restore that makes no progress for this long fails (-> recompute): a batch "
                        "in flight not landed, or a wait for staging while no restore lands"),
     "refresh_interval_s": ((int, float), "scheduler: re-read other writers' slot tables this often (0: never)"),
-    "max_pending_save_mb": ((int,), "staged bytes of saves in flight; beyond it new saves are dropped (counted)"),
+    "max_pending_save_mb": ((int,), "staged bytes of saves in flight; beyond it new saves wait "
+                            "(save_spill_mb)"),
     "staging_mb": ((int,), "host staging memory for page I/O (pinned when the KV cache is on a GPU; shared with the "
-                   "I/O helper): restores stream through it; with io_process a save finding it full is dropped "
-                   "(counted), without it uses a temporary unpinned buffer"),
+                   "I/O helper): restores stream through it; with io_process a save finding it full waits "
+                   "(save_spill_mb), without it uses a temporary unpinned buffer"),
+    "save_spill_mb": ((int, type(None)), "memory on the KV cache's device for copies of the pages of saves that "
+                      "wait for staging or for max_pending_save_mb (a burst of prefills faster than the card "
+                      "writes): staged oldest first as room comes back; a save finding it full too is dropped "
+                      "(counted); 0: drop at once; null: derived when the KV cache registers (GPU: min(8 GiB, a "
+                      "quarter of its free memory); CPU: staging_mb)"),
     "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
     "min_load_tokens": ((int,), "no restore (and no extra engine step) when it adds fewer tokens than this beyond "
                         "the local prefix hit: they are recomputed (0: any gain of a block or more)"),
@@ -120,7 +127,7 @@ _POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_block
              "save_processes"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
                  "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens", "restore_prior_gbps",
-                 "switch_interval_ms"}
+                 "switch_interval_ms", "save_spill_mb"}
 
 
 MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; each writer helper holds one
@@ -209,7 +216,7 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
                               f"got {v!r}")
         if f.name in _POSITIVE and v <= 0:
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be > 0, got {v!r}")
-        if f.name in _NON_NEGATIVE and v < 0:
+        if f.name in _NON_NEGATIVE and v is not None and v < 0:
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be >= 0, got {v!r}")
         values[f.name] = float(v) if float in types and not isinstance(v, bool) else v
     for name, value in host_defaults().items():

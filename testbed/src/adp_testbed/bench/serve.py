@@ -39,6 +39,7 @@ COUNTERS = (
     "vllm:adp_kv_load_failures",  # every failed restore, summed over its cause label
     "vllm:adp_kv_restores_declined",  # hits recomputed because the card was estimated slower (restore_policy)
     "vllm:adp_kv_saves_deduped",  # pages not written again: the card already held them
+    "vllm:adp_kv_saves_waited",  # pages of saves that waited for staging (save_spill_mb), then were staged
 )
 # Counter families kept per ``cause`` label as well (``<name>{cause=<cause>}``), besides their sum.
 BY_CAUSE = ("vllm:adp_kv_load_failures", "vllm:adp_kv_saves_dropped_by_cause")
