@@ -22,3 +22,8 @@ STEPS="u" timeout 300 bash scripts/gpu/run16.sh                                 
 #   e) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy
 #        --python-load 0.005,0.0005" $v restore-path
 #   u) $v gpu-unit
+# Later, a second machine (main at a094ec4: saves that wait for staging), the pipelines' tests alone on CUDA, no vLLM
+# wheels needed (-> pipeline-cuda-waiting-saves.txt: 51 passed, 1 skipped):
+python3 -m pip install -q --no-index --no-deps --target /tmp/site-adp .whl/*.whl
+PYTHONPATH=/tmp/site-adp:wire/src:connector/src:emulator/src:testbed/src PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rs connector/tests/pipeline
