@@ -227,3 +227,30 @@ def test_without_the_driver_a_restore_waits_for_the_callers_polls() -> None:
     submitted, _kv, pipe = _restore_without_polls(driver=False)
     assert submitted == 2
     assert pipe.poll(_Store()) == []  # landed, in place, but the remaining batches only now get slabs
+
+
+@pytest.mark.parametrize("hook", [True, False], ids=["woken", "control-no-hook"])
+def test_a_slab_given_back_by_a_save_feeds_a_waiting_restore_at_once(monkeypatch: pytest.MonkeyPatch,
+                                                                       hook: bool) -> None:
+    """Saves hold every slab and a restore waits; when a save gives one back the driver feeds the restore at once,
+    not at its next idle wake (made 30 s long here). The control: without the pool's hook it is still waiting."""
+    import adp_connector.pipeline.restore as restore
+
+    monkeypatch.setattr(restore, "DRIVER_IDLE_WAIT_S", 30.0)
+    _, pipe, store = _setup(max_inflight=None)
+    held = [pipe.pool.take(2 * PAGE, temporary=False) for _ in range(4)]  # the saves' slabs
+    assert all(h is not None for h in held)
+    pipe.run_driver(lambda: store)
+    if not hook:
+        pipe.pool.on_give = None
+    try:
+        pipe.start(_job("A", 10, 2, 0), store)
+        assert store.batches == [] and pipe.wants_staging
+        time.sleep(0.2)  # the driver is in its idle wait
+        pipe.pool.give(held.pop())  # a save's slab written and back
+        deadline = time.monotonic() + 3.0
+        while not store.batches and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(store.batches) == (1 if hook else 0)
+    finally:
+        pipe.stop_driver()

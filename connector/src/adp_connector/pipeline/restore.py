@@ -155,6 +155,7 @@ class RestorePipeline:
         if self._driver is not None:
             return
         self._stopping = False
+        self.pool.on_give = self._slab_returned  # a slab a save gives back feeds a waiting restore at once
         self._driver = threading.Thread(target=self._drive, args=(store_of, on_start), name="adpkv-restore",
                                         daemon=True)
         self._driver.start()
@@ -220,6 +221,10 @@ class RestorePipeline:
 
     def _landed(self, _handle: Any) -> None:
         self._wake.set()
+
+    def _slab_returned(self) -> None:
+        if self.wants_staging:
+            self._wake.set()
 
     def poll(self, store: Store | None) -> list[LoadJob]:
         """Copy landed chunks into the KV cache, feed free slabs; return (and release) the finished jobs."""

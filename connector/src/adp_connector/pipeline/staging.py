@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -39,6 +40,7 @@ class StagingPool:
         self._allocated = 0
         self._lock = threading.Lock()
         self.temporary = 0  # buffers handed out beyond the cap (a sizing hint: raise ``staging_mb``)
+        self.on_give: Callable[[], None] | None = None  # called when a slab comes back (the restore driver's wake)
 
     def take(self, nbytes: int, temporary: bool = True) -> torch.Tensor | None:
         """A buffer of at least ``nbytes`` bytes: a pooled slab when it fits, else a temporary tensor (or None
@@ -74,8 +76,11 @@ class StagingPool:
         """Return a buffer from :meth:`take` (temporary ones are simply dropped; a slab already free is ignored)."""
         ptr = buf.data_ptr()
         with self._lock:
-            if ptr in self._slabs and all(f.data_ptr() != ptr for f in self._free):
+            freed = ptr in self._slabs and all(f.data_ptr() != ptr for f in self._free)
+            if freed:
                 self._free.append(buf)
+        if freed and self.on_give is not None:
+            self.on_give()
 
     @property
     def allocated_bytes(self) -> int:
