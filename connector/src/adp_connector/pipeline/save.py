@@ -101,7 +101,7 @@ class SavePipeline:
         self.max_pending_bytes = max_pending_bytes
         self.max_spill_bytes = max_spill_bytes  # device copies of saves waiting for staging (0: drop at once)
         self.spill_bytes = 0
-        self._waiting: deque[_Waiting] = deque()  # oldest first; touched by the engine thread only
+        self._waiting: deque[_Waiting] = deque()  # oldest first (under _wait_lock)
         self._wait_cause = "no_staging"  # why the oldest waiting save could not be staged
         self._wait_lock = threading.Lock()  # the engine thread drains; close() may drain from another
         self.yield_staging = yield_staging  # True while restores wait for a slab: waiting saves let them go first
@@ -342,6 +342,7 @@ class SavePipeline:
     def close(self, timeout: float = 30.0) -> None:
         """Let waiting, staged and in-flight saves finish (bounded by ``timeout``); what still waits is dropped."""
         deadline = time.monotonic() + timeout
+        self.yield_staging = None  # restores have stopped: nothing to let go first
         while self.drain() or self._waiting:  # each slab written frees room for the next waiting save
             if time.monotonic() > deadline:
                 break

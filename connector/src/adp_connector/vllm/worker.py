@@ -122,7 +122,8 @@ class WorkerSide:
         self.pool = StagingPool(slab, self.cfg.staging_mb << 20, pinned=bool(devs) and devs[0].type == "cuda",
                                 arena=arena)
         page_bytes = {g.group_id: g.page_bytes for g in self.layouts if g.persists}
-        # With the I/O helper a buffer outside the shared arena would cross its socket: drop the save instead.
+        # With the I/O helper a buffer outside the shared arena would cross its socket: no temporary buffers
+        # (a save with no slab waits, save_spill_mb).
         spill = save_spill_bytes(self.cfg, devs[0] if devs else torch.device("cpu"))
         log.info("ADP KV: saves that find no staging wait in up to %.1f GiB of copies on the KV cache's device "
                  "(save_spill_mb)", spill / (1 << 30))
