@@ -739,6 +739,7 @@ def test_only_committed_pages_are_offered() -> None:
         tgt.stop()
 
 
+@native_contract
 @pytest.mark.parametrize("spill", [True, False], ids=["waits", "control-no-spill"])
 def test_a_save_that_finds_no_room_waits_then_commits_and_restores(spill: bool) -> None:
     """Issue 14 item 4 across the real store and target: a step's save that finds the previous one still in flight
