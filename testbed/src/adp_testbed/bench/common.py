@@ -290,9 +290,8 @@ def save_line(pt: dict[str, Any]) -> str:
     sv = pt.get("saves") or {}
     if not sv.get("offered_gbps"):
         return ""
-    prefix = "adp_kv_saves_dropped_by_cause{cause="
-    causes = ", ".join(f"{k[len(prefix):-1]} {v:.0f}" for k, v in sorted((pt.get("counters") or {}).items())
-                       if k.startswith(prefix) and v)
+    dropped = SV.by_cause(pt.get("counters") or {}, "vllm:adp_kv_saves_dropped_by_cause")
+    causes = ", ".join(f"{c} {v:.0f}" for c, v in sorted(dropped.items()) if v)
     return (f"  saves asked {sv['offered_gbps']:.2f} GB/s wrote {sv['written_gbps']:.2f} GB/s "
             f"dropped {sv['dropped_share']:.1%}" + (f" ({causes} pages)" if causes else ""))
 

@@ -152,6 +152,17 @@ class EngineSpec:
         return a + list(self.extra_args)
 
 
+def cause_key(family: str, cause: str) -> str:
+    """The key of one cause's series of a :data:`BY_CAUSE` family (``<name>{cause=<cause>}``)."""
+    return f"{family}{{cause={cause}}}"
+
+
+def by_cause(counters: dict[str, float], family: str) -> dict[str, float]:
+    """{cause: value} of one :data:`BY_CAUSE` family in short-named ``counters`` (``vllm:`` prefix dropped)."""
+    head = cause_key(family.removeprefix("vllm:"), "")[:-1]
+    return {k[len(head):-1]: v for k, v in counters.items() if k.startswith(head)}
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {series name without ``_total``: value summed over labels} (``_created`` and ``_bucket``
     samples dropped), and for the :data:`BY_CAUSE` families also ``<name>{cause=<cause>}`` per cause. Parsed with
@@ -164,7 +175,7 @@ def parse_metrics(text: str) -> dict[str, float]:
             name = sample.name.removesuffix("_total")
             keys = [name]
             if name in BY_CAUSE and "cause" in sample.labels:
-                keys.append(f"{name}{{cause={sample.labels['cause']}}}")
+                keys.append(cause_key(name, sample.labels["cause"]))
             for k in keys:
                 out[k] = out.get(k, 0.0) + float(sample.value)
     return out
