@@ -7,14 +7,17 @@
 #   c  16 agents, 16 GiB CPU tier, 96 GiB card, 3 arms   k  8 agents, no connector, a GPU cache that holds every history
 #   l  16 agents (c's histories), no connector, a GPU cache that holds every history
 #   b  agents 1, 4, 8, three arms                       d  the sweep to 128 users
+#   o  1 agent, no connector and adp (the 2% cost gate)
 #   e  the restore path over 16 GB, splice and copy     g  adp at 8 agents under py-spy (active threads)
 #   h  adp at 8 agents, the card at MDTS 128K
 # The base wheel set is enough:
 #   ../shared/gpu/prepare-wheels --chunk-mb 50   (8 chunks: with the checkout a 60 MB chunk is over 64 MiB),
 #   plus .whl (validate.sh's header says which wheels)
-# Start it in the background after the chunks, then collect /root/part-*.tgz with wait calls issued back to back (a
+# Start it in the background after the chunks, from a copy of the tree (each call lays the checkout anew, so a job
+# that outlives its call must not run from it), then collect /root/part-*.tgz with wait calls issued back to back (a
 # gap over 30 s gives the machine back; bg.sh wait then fails at once with status 4 instead of waiting on nothing):
-#   source .vllm-gpu/bin/device-install.sh && STEPS="c l" bash scripts/gpu/bg.sh start run16 bash scripts/gpu/run16.sh
+#   source .vllm-gpu/bin/device-install.sh && rm -rf /root/tree && cp -a . /root/tree && cd /root/tree &&
+#     STEPS="c l" bash scripts/gpu/bg.sh start run16 bash scripts/gpu/run16.sh
 #   bash scripts/gpu/bg.sh wait run16 540; cp /root/part-*.tgz "$OUT"/
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -52,6 +55,8 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     # issue 14: agents 1, 4 and 8 at equal budgets, three arms (the 1-agent cost gate)
     b) BENCH_ARGS="--agents 1,4,8 --turns 4 --arms adp,baseline,cpu-offload --target-workers 8 --card-bytes 64G \
 --offload-bytes 64G" $v agents $R/b ;;
+    # issue 14: the connector's cost with nothing to gain (1 agent: nothing is evicted), no connector and adp
+    o) BENCH_ARGS="--agents 1 --turns 4 --arms baseline,adp --target-workers 8 --card-bytes 64G" $v agents $R/o ;;
     # issue 14: the sweep with the defaults, to 128 users
     d) BENCH_ARGS="--users 1,16,64,128 --arms baseline,adp --target-workers 8" $v sweep $R/d ;;
     # issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside
