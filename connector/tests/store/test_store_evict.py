@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from memdevice import MemDevice
 from store_testutil import fast_config
 
@@ -42,9 +43,10 @@ def test_lru_eviction_never_blocks(device_factory) -> None:
     s2.close()
 
 
-def test_pinned_page_survives_eviction() -> None:
+@pytest.mark.parametrize("policy", ["slru", "lru"])
+def test_pinned_page_survives_eviction(policy: str) -> None:
     dev = MemDevice(1 << 20, 512, 4096)
-    s = PageStore(dev, fast_config(partitions=1))
+    s = PageStore(dev, fast_config(partitions=1, eviction=policy))
     keys = NS.chain_tokens(list(range(4 * 100)))
     n = 60_000
     assert s.save(keys[0], _d(keys[0], n)).ok

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
@@ -31,33 +32,80 @@ def data_of(i: int) -> bytes:
 idx = st.integers(0, len(KEYS) - 1)
 
 
+class EvictionOrder:
+    """The model's own keys in eviction order (next victim first): unprotected, then protected (read back; ``slru``
+    only, at most ``share`` of the keys), each least recent first."""
+
+    def __init__(self, policy: str, share: float, order: list[int] | None = None) -> None:
+        self.policy, self.share = policy, share
+        self.cold: OrderedDict[int, None] = OrderedDict.fromkeys(order or [])
+        self.hot: OrderedDict[int, None] = OrderedDict()
+
+    def __contains__(self, i: object) -> bool:
+        return i in self.cold or i in self.hot
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([*self.cold, *self.hot])
+
+    def __len__(self) -> int:
+        return len(self.cold) + len(self.hot)
+
+    def pop(self, i: int, default: None = None) -> None:
+        self.cold.pop(i, None)
+        self.hot.pop(i, None)
+
+    __delitem__ = pop
+
+    def touch(self, i: int) -> None:
+        (self.cold if i in self.cold else self.hot).move_to_end(i)
+
+    def written(self, i: int) -> None:
+        self.pop(i)
+        self.cold[i] = None
+
+    def read_back(self, i: int) -> None:
+        if self.policy == "lru":
+            self.touch(i)
+            return
+        self.pop(i)
+        self.hot[i] = None
+
+    def cap(self) -> None:
+        while self.hot and len(self.hot) > self.share * len(self):
+            self.cold[self.hot.popitem(last=False)[0]] = None
+
+
 class StoreMachine(RuleBasedStateMachine):
-    """Model: ``present`` (LRU order, oldest first) must equal the store's own keys exactly; ``maybe`` holds keys
-    whose eviction tombstone may not have reached the device (after an injected write fault)."""
+    """Model: ``present`` (eviction order) must equal the store's own keys exactly; ``maybe`` holds keys whose
+    eviction tombstone may not have reached the device (after an injected write fault). A batch's keys are ordered
+    tail-first: its first key ends the most recent."""
+
+    policy = "slru"
 
     def __init__(self) -> None:
         super().__init__()
         self.dev = MemDevice(160 << 10, 512, 8192, workers=1)  # deterministic command order
-        self.cfg = fast_config(partitions=1, slots_per_partition=16, writer_id=W, inline_bytes=4096)
+        self.cfg = fast_config(partitions=1, slots_per_partition=16, writer_id=W, inline_bytes=4096,
+                               eviction=self.policy)
         self.store = PageStore(self.dev, self.cfg)
-        self.present: OrderedDict[int, None] = OrderedDict()
+        self.present = EvictionOrder(self.policy, self.cfg.protected_share)
         self.seq: dict[int, int] = {}
         self.maybe: set[int] = set()
         self.counter = 0
         self.evictions = 0
 
     def _sync_evictions(self, touched: list[int], resaved: list[int]) -> None:
-        """Keys gone from the store must be explained by evictions, oldest (untouched) first."""
+        """Keys gone from the store must be explained by evictions in eviction order, the keys this batch found
+        stored (``touched``, in batch order) made the most recent of their class first, tail-first."""
         have = {KEYS.index(k) for k in self.store._own}
-        gone = [i for i in self.present if i not in have or i in resaved]
+        for i in reversed(touched):
+            self.present.touch(i)
+        order = list(self.present)
+        gone = [i for i in order if i not in have or i in resaved]
         ev = self.store.stats.evictions - self.evictions
         self.evictions = self.store.stats.evictions
         assert len(gone) == ev, (gone, ev)
-        untouched = [i for i in self.present if i not in touched]
-        gone_untouched = [i for i in untouched if i in gone]
-        assert gone_untouched == untouched[:len(gone_untouched)]  # LRU: oldest first
-        if any(i in touched for i in gone):
-            assert len(gone_untouched) == len(untouched)
+        assert gone == order[:len(gone)], (gone, order)  # victims in eviction order
         for i in gone:
             del self.present[i]
         return None
@@ -66,7 +114,7 @@ class StoreMachine(RuleBasedStateMachine):
         if fault:
             self.dev.fail_next(1, ("write",))
         ids = list(dict.fromkeys(ids))
-        before = dict(self.present)
+        before = set(self.present)
         res = self.store.save_batch([KEYS[i] for i in ids], [data_of(i) for i in ids]).wait(10)
         self.dev.fail_next(0)
         touched, resaved = [], []
@@ -74,7 +122,6 @@ class StoreMachine(RuleBasedStateMachine):
             if r.status is PageStatus.EXISTS:
                 assert i in before
                 touched.append(i)
-                self.present.move_to_end(i)
             elif r.ok and i in before:
                 resaved.append(i)  # evicted by an earlier page of this batch, then saved again
             elif not r.ok:
@@ -83,9 +130,13 @@ class StoreMachine(RuleBasedStateMachine):
         for i, r in zip(ids, res, strict=True):
             if r.ok:
                 self.counter += 1
-                self.present[i] = None
                 self.seq[i] = self.counter
                 self.maybe.discard(i)
+        for i, r in reversed(list(zip(ids, res, strict=True))):  # tail-first: the batch's head ends most recent
+            if r.status is PageStatus.EXISTS and i in self.present:  # (unless this batch evicted it)
+                self.present.touch(i)
+            elif r.ok:
+                self.present.written(i)
         if fault:
             self.maybe |= set(before) - set(self.present)
 
@@ -105,9 +156,12 @@ class StoreMachine(RuleBasedStateMachine):
             if i in self.present:
                 assert r.ok, r
                 assert bytes(b[:size_of(i)]) == data_of(i)
-                self.present.move_to_end(i)
             else:
                 assert r.status is PageStatus.MISSING
+        for i in reversed(ids):
+            if i in self.present:
+                self.present.read_back(i)
+        self.present.cap()
 
     @rule(ids=st.lists(idx, min_size=1, max_size=3, unique=True))
     def discard(self, ids: list[int]) -> None:
@@ -120,6 +174,8 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def corrupt_on_media(self, data: st.DataObject) -> None:
         i = data.draw(st.sampled_from([i for i in self.present if size_of(i) >= 1024]))
+        self.present.read_back(i)
+        self.present.cap()
         loc = self.store._own[KEYS[i]]
         self.dev.write((loc.lba + 1) * 512, b"\xee" * 512)
         r = self.store.load(KEYS[i], bytearray(size_of(i)))
@@ -146,8 +202,9 @@ class StoreMachine(RuleBasedStateMachine):
             self.counter += 1
         self.store.discard([KEYS[i] for i in have - set(self.present)])
         self.maybe.clear()
-        # after a restart the LRU order is the commit order
-        self.present = OrderedDict((i, None) for i in sorted(self.present, key=lambda i: self.seq[i]))
+        # after a restart every page is unprotected, in commit order
+        self.present = EvictionOrder(self.policy, self.cfg.protected_share,
+                                     sorted(self.present, key=lambda i: self.seq[i]))
 
     @invariant()
     def index_matches_model(self) -> None:
@@ -162,6 +219,15 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.close()
 
 
+class LruStoreMachine(StoreMachine):
+    """The same model under ``eviction="lru"``."""
+
+    policy = "lru"
+
+
 StoreMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
+LruStoreMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=30, deadline=None,
+                                             suppress_health_check=[HealthCheck.too_slow])
 test_store_state_machine = StoreMachine.TestCase
+test_store_state_machine_lru = LruStoreMachine.TestCase

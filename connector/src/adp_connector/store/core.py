@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..device import BlockDevice, Buffer, ScatterList
 from .alloc import ExtentAllocator
@@ -19,9 +19,21 @@ from .format import (
 )
 from .results import StoreStats
 
+if TYPE_CHECKING:
+    from .recency import OwnPages
+
 log = logging.getLogger("adp_connector.store.store")  # the name the other store parts log under
 
 SCAN_CHUNK = 4 << 20  # bytes per read when scanning slot tables
+EVICTION_POLICIES = ("slru", "lru")  # StoreConfig.eviction (recency.py)
+
+
+def check_eviction(policy: str, protected_share: float) -> None:
+    """Raise ``ValueError`` (one line) for an unknown eviction policy or a protected share outside 0..1."""
+    if policy not in EVICTION_POLICIES:
+        raise ValueError(f"StoreConfig.eviction must be one of {', '.join(EVICTION_POLICIES)}, got {policy!r}")
+    if not 0.0 <= protected_share <= 1.0:
+        raise ValueError(f"StoreConfig.protected_share must be within 0..1, got {protected_share!r}")
 
 
 @dataclass
@@ -52,6 +64,11 @@ class StoreConfig:
     slots_per_partition: int | None = None  # format: slots per segment; default segment bytes / (avg_page + lba)
     avg_page_bytes: int = 256 << 10        # format: sizing hint for the slot tables and the segment size
     segment_bytes: int | None = None       # format: segment size (default: >= 16 pages, <= 1024 segments)
+    eviction: str = "slru"                 # slru: pages read back are evicted last; lru: least recently used first
+    protected_share: float = 0.8           # slru: at most this share of the own pages is protected
+
+    def __post_init__(self) -> None:
+        check_eviction(self.eviction, self.protected_share)
 
 
 @dataclass(slots=True)
@@ -192,7 +209,7 @@ class StoreCore:
     _lease_lock: threading.Lock
     _miss_refresh_lock: threading.Lock
     _miss_refresh_at: float
-    _own: OrderedDict[bytes, Loc]
+    _own: OwnPages  # own pages in eviction order
     _foreign: dict[bytes, Loc]
     _foreign_parts: dict[int, dict[bytes, Loc]]
     _table_digests: dict[int, bytes]

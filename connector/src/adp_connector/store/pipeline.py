@@ -106,6 +106,7 @@ class PipelineMixin(StoreCore):
         short: list[tuple[int, bytes, memoryview]] = []  # pages that did not fit without evicting
         finished = threading.Event()  # set once this batch's pages are committed or failed
         waits: list[tuple[int, bytes, int, threading.Event]] = []  # keys another batch (or this one) is saving
+        stored: list[tuple[int, bytes]] = []  # (index, key) of the own pages found already stored
         with self._lock:
             p = self._partition
             for i, (k, b) in enumerate(zip(keys, buffers, strict=True)):
@@ -118,7 +119,7 @@ class PipelineMixin(StoreCore):
                     results[i] = PageResult(k, PageStatus.ERROR, 0, f"buffer: {exc}")
                     continue
                 if k in self._own:
-                    self._own.move_to_end(k)
+                    stored.append((i, k))
                     results[i] = PageResult(k, PageStatus.EXISTS, len(mv))
                 elif self.config.dedupe and k in self._foreign:
                     results[i] = PageResult(k, PageStatus.EXISTS, len(mv))
@@ -131,9 +132,10 @@ class PipelineMixin(StoreCore):
                     self._inflight[k] = finished
                 else:
                     ops.append(self._planned(i, k, mv, got, finished))
+            self._own.touch(k for _i, k in reversed(stored))  # before this batch evicts anything
         if short:
-            # Free or abandoned segments first (the whole card fills before anything is evicted), then the least
-            # recently used own pages.
+            # Free or abandoned segments first (the whole card fills before anything is evicted), then own pages
+            # in eviction order (recency.py).
             claim_err = None
             try:
                 self._claim_more(sum(g.page_lbas(len(mv)) for _, _, mv in short))
@@ -150,7 +152,7 @@ class PipelineMixin(StoreCore):
                         results[i] = PageResult(k, PageStatus.NO_SPACE, 0)
                     else:
                         ops.append(self._planned(i, k, mv, got, finished))
-        ops.sort(key=lambda op: op.idx)  # commit (and LRU) order is the batch order
+        ops.sort(key=lambda op: op.idx)  # commit order is the batch order
         with self._lock:
             for op in ops:
                 op.loc.seq = self._next_seq
@@ -193,6 +195,7 @@ class PipelineMixin(StoreCore):
                         seg.busy -= 1
                     if id(op) not in ok:
                         self._release(op.loc)
+                self._order_tail_first(stored + [(op.idx, op.key) for op in committed])
             finished.set()
         for i, k, n, ev in waits:
             # Reported as stored only once the other batch committed it: a failed save is never "exists".
@@ -218,6 +221,11 @@ class PipelineMixin(StoreCore):
         h._set(final)
         if ops or short:
             self._maybe_claim_ahead()
+
+    def _order_tail_first(self, touched: list[tuple[int, bytes]]) -> None:
+        """Make a batch's stored pages (``(index, key)``, under ``_lock``) the most recent, its head (lowest
+        index) last: a prefix is used from its first page, so a chain loses its tail before its head."""
+        self._own.touch(k for _i, k in sorted(touched, reverse=True))
 
     def _submit_page_write(self, op: PageOp) -> None:
         lba, loc, mv = self._lba, op.loc, op.mv
@@ -288,6 +296,7 @@ class PipelineMixin(StoreCore):
         self._refresh_for(keys)
         results: list[PageResult | None] = [None] * len(keys)
         ops: list[PageOp] = []
+        hits: list[bytes] = []  # own pages read back, in batch order
         with self._lock:
             for i, (k, b) in enumerate(zip(keys, buffers, strict=True)):
                 try:
@@ -309,10 +318,11 @@ class PipelineMixin(StoreCore):
                     results[i] = PageResult(k, PageStatus.ERROR, 0, f"buffer smaller than page ({loc.length})")
                     continue
                 if own:
-                    self._own.move_to_end(k)
+                    hits.append(k)
                     pin = (loc.segment, loc.slot)
                     self._pins[pin] = self._pins.get(pin, 0) + 1
                 ops.append(PageOp(i, k, mv, loc, own=own))
+            self._own.read_back(reversed(hits))  # the head of the batch ends most recent
         corrupt_own: list[bytes] = []
         stale: list[PageOp] = []
         try:

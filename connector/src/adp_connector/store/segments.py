@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 
 from .alloc import ExtentAllocator
 from .core import Loc, OwnSegment, StoreCore, warn_slow_claim
@@ -200,10 +199,8 @@ class SegmentMixin(StoreCore):
                 hwm = max(used) + 1 if used else 0
                 self._segs[seg] = OwnSegment(seg, img, alloc, [s for s in range(hwm - 1, -1, -1) if s not in used],
                                              hwm, g.slots_per_segment)
-                # adopted pages are older than anything used in this run: they go to the cold end, by sequence
-                merged = OrderedDict(sorted(good.items(), key=lambda kv: kv[1].seq))
-                merged.update(self._own)
-                self._own = merged
+                # adopted pages are older than anything used in this run: unprotected, at the cold end, by sequence
+                self._own.add_oldest(sorted(good.items(), key=lambda kv: kv[1].seq))
                 self._next_seq = max(self._next_seq, max((loc.seq for loc in good.values()), default=0) + 1)
                 part = self._foreign_parts.pop(seg, None)
                 if part:

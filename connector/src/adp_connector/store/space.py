@@ -1,4 +1,4 @@
-"""Space of the own segments: slots, extents, LRU eviction, pins and slot-table writes (format.md §8, §10)."""
+"""Space of the own segments: slots, extents, eviction, pins and slot-table writes (format.md §8, §10)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ class SpaceMixin(StoreCore):
         return None
 
     def _allocate(self, nl: int, evicted: dict[int, list[int]], evict: bool = True) -> Loc | None:
-        """A slot and ``nl`` contiguous LBAs (``Loc`` with length/seq unset); with ``evict``, least recently used
-        unpinned own pages are evicted (their slots listed in ``evicted`` by segment) until it fits."""
+        """A slot and ``nl`` contiguous LBAs (``Loc`` with length/seq unset); with ``evict``, unpinned own pages
+        are evicted in the order of the eviction policy (:mod:`.recency`; their slots listed in ``evicted`` by
+        segment) until it fits."""
         if nl > self.geometry.data_lbas:
             return None
         while True:
@@ -40,7 +41,7 @@ class SpaceMixin(StoreCore):
                 return got
             if not evict:
                 return None
-            victim = next((k for k, loc in self._own.items() if not self._pins.get((loc.segment, loc.slot))), None)
+            victim = self._own.victim(lambda loc: not self._pins.get((loc.segment, loc.slot)))
             if victim is None:
                 return None
             loc = self._own.pop(victim)

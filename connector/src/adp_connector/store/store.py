@@ -11,7 +11,6 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 
@@ -38,6 +37,7 @@ from .format import (
 from .index import IndexMixin
 from .leases import LeaseMixin
 from .pipeline import PipelineMixin
+from .recency import OwnPages
 from .results import BatchHandle, PageResult, StoreStats
 from .segments import SegmentMixin
 from .space import SpaceMixin
@@ -101,7 +101,7 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         self._wanted = 0
         self._refresh_lock = threading.Lock()
         self._lease_lock = threading.Lock()
-        self._own: OrderedDict[bytes, Loc] = OrderedDict()
+        self._own = OwnPages(cfg.eviction, cfg.protected_share)
         self._foreign: dict[bytes, Loc] = {}
         self._foreign_parts: dict[int, dict[bytes, Loc]] = {}
         self._table_digests: dict[int, bytes] = {}  # segment -> digest of its slot table at the last refresh

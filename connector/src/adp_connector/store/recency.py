@@ -1,0 +1,121 @@
+"""The own pages' index in eviction order: plain LRU, or a segmented LRU that protects pages read back (format.md §10).
+
+``slru``: a page starts *unprotected* when it is written; a load hit makes it *protected*. Eviction takes the least
+recently used unpinned unprotected page, and a protected one only when no unprotected page can go. Protected pages
+are capped at a share of the own pages: over it, the least recent protected page is demoted to the most recent end
+of the unprotected order. A cyclic reader (agents taking turns over more sessions than fit) then keeps the pages it
+read back, instead of evicting exactly the ones it needs next. ``lru``: one recency order, a load hit only touches.
+
+The policy lives in memory only: a re-opened store indexes every page unprotected, oldest sequence first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from itertools import chain
+
+from .core import Loc, check_eviction
+
+
+class OwnPages(MutableMapping[bytes, Loc]):
+    """Key -> :class:`Loc` of the own pages; iterates from the next victim to the last one (coldest first).
+
+    Two ordered classes, least recent first: ``_cold`` (unprotected; every page under ``lru``) and ``_hot``
+    (protected). A key is in exactly one. Not thread-safe: the store calls it under its lock.
+    """
+
+    def __init__(self, policy: str = "slru", protected_share: float = 0.8) -> None:
+        check_eviction(policy, protected_share)
+        self.policy = policy
+        self.protected_share = protected_share
+        self._cold: OrderedDict[bytes, Loc] = OrderedDict()
+        self._hot: OrderedDict[bytes, Loc] = OrderedDict()
+
+    # ---------------------------------------------------------------- mapping
+
+    def __getitem__(self, key: bytes) -> Loc:
+        loc = self._cold.get(key)
+        return loc if loc is not None else self._hot[key]
+
+    def __setitem__(self, key: bytes, loc: Loc) -> None:
+        """A (re)written page: unprotected and the most recent."""
+        self._hot.pop(key, None)
+        self._cold.pop(key, None)
+        self._cold[key] = loc
+
+    def __delitem__(self, key: bytes) -> None:
+        if self._cold.pop(key, None) is None:
+            del self._hot[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._cold or key in self._hot
+
+    def __iter__(self) -> Iterator[bytes]:
+        return chain(self._cold, self._hot)
+
+    def __len__(self) -> int:
+        return len(self._cold) + len(self._hot)
+
+    def get(self, key: bytes, default: Loc | None = None) -> Loc | None:  # type: ignore[override]
+        loc = self._cold.get(key)
+        return loc if loc is not None else self._hot.get(key, default)
+
+    def clear(self) -> None:
+        self._cold.clear()
+        self._hot.clear()
+
+    # ---------------------------------------------------------------- recency
+
+    @property
+    def protected(self) -> int:
+        """How many pages are protected."""
+        return len(self._hot)
+
+    def is_protected(self, key: bytes) -> bool:
+        """Whether ``key`` is a protected page."""
+        return key in self._hot
+
+    def touch(self, keys: Iterable[bytes]) -> None:
+        """Make ``keys`` (present ones) the most recent of their class, the last one most recent."""
+        for k in keys:
+            for order in (self._cold, self._hot):
+                if k in order:
+                    order.move_to_end(k)
+                    break
+
+    def read_back(self, keys: Iterable[bytes]) -> None:
+        """Load hits on ``keys``: protected and most recent (``slru``), or touched (``lru``); the last one ends
+        most recent."""
+        if self.policy == "lru":
+            self.touch(keys)
+            return
+        for k in keys:
+            loc = self._cold.pop(k, None)
+            if loc is not None:
+                self._hot[k] = loc
+            elif k in self._hot:
+                self._hot.move_to_end(k)
+        self._cap_protected()
+
+    def _cap_protected(self) -> None:
+        """Demote the least recent protected pages (to the most recent end of the unprotected order) while the
+        protected ones exceed their share."""
+        limit = self.protected_share * len(self)
+        while self._hot and len(self._hot) > limit:
+            k, loc = self._hot.popitem(last=False)
+            self._cold[k] = loc
+
+    def add_oldest(self, pages: Iterable[tuple[bytes, Loc]]) -> None:
+        """Index ``pages`` (not present yet) as unprotected and older than every page present, in the given order."""
+        older = OrderedDict(pages)
+        older.update(self._cold)
+        self._cold = older
+
+    def victim(self, evictable: Callable[[Loc], bool]) -> bytes | None:
+        """The next page to evict: the least recent ``evictable`` unprotected page, else protected one."""
+        for order in (self._cold, self._hot):
+            for k, loc in order.items():
+                if evictable(loc):
+                    return k
+        return None

@@ -1,0 +1,203 @@
+"""Eviction order: a chain loses its tail before its head; pages read back outlive a cyclic scan (slru); pins."""
+
+from __future__ import annotations
+
+import pytest
+from memdevice import MemDevice
+from store_testutil import fast_config
+
+from adp_connector.store import KeyNamespace, PageStatus, PageStore, StoreConfig
+from adp_connector.store.core import Loc
+from adp_connector.store.recency import OwnPages
+
+NS = KeyNamespace("evict", "bf16", "L", 4)
+PAGE = 20_000  # every page the same size: one eviction per page saved once the card is full
+
+
+def _chain(n: int, first_token: int) -> list[bytes]:
+    return NS.chain_tokens(list(range(first_token, first_token + 4 * n)))
+
+
+def _data(k: bytes) -> bytes:
+    return (k * (PAGE // 32 + 1))[:PAGE]
+
+
+def _save(s: PageStore, keys: list[bytes]) -> None:
+    res = s.save_batch(keys, [_data(k) for k in keys]).wait(5)
+    assert all(r.status in (PageStatus.OK, PageStatus.EXISTS) for r in res), res
+
+
+def _load_prefix(s: PageStore, keys: list[bytes]) -> int:
+    """Load ``keys`` in one batch; the number of leading pages that hit."""
+    res = s.load_batch(keys, [bytearray(PAGE) for _ in keys]).wait(5)
+    return next((i for i, r in enumerate(res) if not r.ok), len(keys))
+
+
+def _full_store(policy: str) -> tuple[PageStore, list[bytes]]:
+    """A store on a 1 MiB card filled with one-page batches until it evicts; the filler keys."""
+    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1, eviction=policy))
+    filler = _chain(200, 100_000)
+    n = 0
+    while s.stats.evictions == 0:
+        _save(s, [filler[n]])
+        n += 1
+    return s, filler[n:]
+
+
+def _evict_some_of(s: PageStore, chain: list[bytes], k: int, filler: list[bytes]) -> list[bool]:
+    """Save filler pages one at a time until ``chain`` lost at least ``k`` pages; which of them remain."""
+    it = iter(filler)
+    while sum(s.contains(chain)) > len(chain) - k:
+        _save(s, [next(it)])
+    return s.contains(chain)
+
+
+def _is_prefix(present: list[bool]) -> bool:
+    n = sum(present)
+    return present == [True] * n + [False] * (len(present) - n)
+
+
+@pytest.mark.parametrize("policy", ["slru", "lru"])
+def test_chain_loses_its_tail_first(policy: str) -> None:
+    s, filler = _full_store(policy)
+    chain = _chain(8, 0)
+    _save(s, chain)
+    present = _evict_some_of(s, chain, 3, filler)
+    assert 0 < sum(present) <= 5 and _is_prefix(present), present
+    s.close()
+
+
+@pytest.mark.parametrize("policy", ["slru", "lru"])
+def test_batch_of_stored_head_and_new_tail_keeps_the_head(policy: str) -> None:
+    """A save batch whose head is stored already (EXISTS) and whose tail is new: the head still ends most recent,
+    although its pages were touched before the tail was committed."""
+    s, filler = _full_store(policy)
+    chain = _chain(8, 0)
+    _save(s, chain[:4])
+    _save(s, chain)
+    present = _evict_some_of(s, chain, 5, filler)
+    assert 0 < sum(present) <= 3 and _is_prefix(present), present
+    s.close()
+
+
+def test_load_batch_leaves_the_head_most_recent() -> None:
+    """Pages saved head first (the head oldest), then read back in one batch: the head ends most recent."""
+    s, filler = _full_store("lru")
+    chain = _chain(8, 0)
+    for k in chain:
+        _save(s, [k])
+    assert _load_prefix(s, chain) == 8
+    present = _evict_some_of(s, chain, 3, filler)
+    assert 0 < sum(present) <= 5 and _is_prefix(present), present
+    s.close()
+
+
+def test_control_head_first_order_loses_the_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: with the former order (the batch's head touched first, so the oldest) the same eviction
+    leaves the chain's useless tail. The prefix assertion above would fail on it."""
+    monkeypatch.setattr(PageStore, "_order_tail_first",
+                        lambda self, touched: self._own.touch(k for _i, k in sorted(touched)))
+    s, filler = _full_store("lru")
+    chain = _chain(8, 0)
+    _save(s, chain)
+    present = _evict_some_of(s, chain, 3, filler)
+    assert not present[0] and present[-1] and not _is_prefix(present), present
+    s.close()
+
+
+def _cyclic_hit_rates(policy: str, sessions: int = 4, length: int = 15, grow: int = 3, rounds: int = 8
+                      ) -> list[float]:
+    """Agents taking turns round-robin: each turn a session's history grows by ``grow`` pages up to ``length``;
+    the turn loads it (hits: the leading pages found) and saves what it did not find. Per round, the share of the
+    pages asked that hit."""
+    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1, eviction=policy))
+    chains = [_chain(length, 10_000 * (c + 1)) for c in range(sessions)]
+    rates = []
+    for r in range(rounds):
+        hit = asked = 0
+        for chain in chains:
+            history = chain[:grow * (r + 1)]
+            got = _load_prefix(s, history)
+            _save(s, history[got:])
+            hit, asked = hit + got, asked + len(history)
+        rates.append(hit / asked)
+    capacity = s.info()["own_pages"]
+    s.close()
+    assert sessions * length > 1.5 * capacity, capacity  # the card holds ~60% of the full histories
+    return rates
+
+
+def test_cyclic_sessions_keep_hits_with_slru() -> None:
+    rates = _cyclic_hit_rates("slru")
+    assert min(rates[-3:]) >= 0.35, rates  # the protected prefixes of every session hit (0.45 when written)
+
+
+def test_control_cyclic_sessions_thrash_with_lru() -> None:
+    rates = _cyclic_hit_rates("lru")
+    assert max(rates[1:3]) > 0.3 and rates[-3:] == [0.0, 0.0, 0.0], rates  # hits while it fits, none after
+
+
+def _pages(n: int, policy: str = "slru", share: float = 0.8) -> OwnPages:
+    own = OwnPages(policy, share)
+    for i in range(n):
+        own[bytes([i])] = Loc(0, i, i, 1, i)
+    return own
+
+
+def test_unprotected_pages_go_first_then_protected_ones() -> None:
+    own = _pages(6, share=1.0)
+    own.read_back([bytes([1]), bytes([0])])  # protected, page 0 most recent
+    assert list(own) == [bytes([i]) for i in (2, 3, 4, 5, 1, 0)]
+    assert own.victim(lambda loc: True) == bytes([2])
+    for i in (2, 3, 4, 5):
+        del own[bytes([i])]
+    assert own.victim(lambda loc: True) == bytes([1])
+
+
+@pytest.mark.parametrize("policy", ["slru", "lru"])
+def test_pinned_pages_are_never_the_victim(policy: str) -> None:
+    own = _pages(4, policy, share=1.0)
+    own.read_back([bytes([0]), bytes([1])])
+    pinned = {0, 2, 3}
+    assert own.victim(lambda loc: loc.slot not in pinned) == bytes([1])
+    assert own.victim(lambda loc: False) is None
+
+
+def test_protected_share_is_capped_and_demoted_pages_follow_unread_ones() -> None:
+    own = _pages(10, share=0.5)
+    own.read_back([bytes([i]) for i in reversed(range(8))])  # pages 0..7 read back, page 0 most recent
+    assert own.protected == 5
+    assert [own.is_protected(bytes([i])) for i in range(10)] == [True] * 5 + [False] * 5
+    # never read (8, 9) go first, then the demoted ones (7, 6, 5: least recent protected first)
+    assert list(own)[:5] == [bytes([i]) for i in (8, 9, 7, 6, 5)]
+
+
+def test_store_caps_protected_pages() -> None:
+    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1, protected_share=0.5))
+    chain = _chain(10, 0)
+    _save(s, chain)
+    assert _load_prefix(s, chain) == 10
+    assert s._own.protected == 5 and all(s._own.is_protected(k) for k in chain[:5])
+    s.close()
+
+
+def test_reopened_store_starts_unprotected_in_commit_order() -> None:
+    dev = MemDevice(1 << 20, 512)
+    cfg = fast_config(partitions=1, writer_id=b"evict-writer-000")
+    s = PageStore(dev, cfg)
+    chain = _chain(6, 0)
+    _save(s, chain)
+    assert _load_prefix(s, chain) == 6 and s._own.protected > 0
+    s.close()
+    s2 = PageStore(dev, cfg)
+    assert s2._own.protected == 0
+    assert list(s2._own) == chain  # the index rebuild orders by sequence: commit (batch) order
+    s2.close()
+
+
+def test_eviction_options_are_validated() -> None:
+    assert StoreConfig().eviction == "slru" and StoreConfig(eviction="lru").eviction == "lru"
+    with pytest.raises(ValueError, match=r"^StoreConfig.eviction must be one of slru, lru, got 'fifo'$"):
+        StoreConfig(eviction="fifo")
+    with pytest.raises(ValueError, match=r"protected_share must be within 0\.\.1"):
+        StoreConfig(protected_share=1.5)
