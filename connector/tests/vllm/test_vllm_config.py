@@ -164,3 +164,13 @@ def test_save_spill_option_and_its_derived_size(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (8 << 30, 140 << 30))
     assert W.save_spill_bytes(parse_config({}), gpu) == 2 << 30
     assert W.save_spill_bytes(parse_config({"save_spill_mb": 0}), gpu) == 0
+
+
+def test_eviction_option_reaches_the_store_choices() -> None:
+    from adp_connector.store.core import EVICTION_POLICIES
+    from adp_connector.vllm.config import EVICTIONS
+
+    assert EVICTIONS == EVICTION_POLICIES
+    assert parse_config({}).eviction == "slru" and parse_config({"eviction": "lru"}).eviction == "lru"
+    with pytest.raises(ConfigError, match=r"eviction'\] must be one of slru, lru, got 'fifo'"):
+        parse_config({"eviction": "fifo"})

@@ -53,6 +53,7 @@ class ADPConfig:
     load_processes: int = 1
     save_processes: int = 1
     max_io_kib: int = 0
+    eviction: str = "slru"
     store_drafter_kv: bool = True
     audit_path: str | None = None
 
@@ -115,6 +116,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
                        "goes to the same one, each holds its own writer slot on the card; they serve restores too, "
                        "so the helpers are max(load_processes, save_processes))"),
     "max_io_kib": ((int,), "split device commands at this size (0: the controller's MDTS)"),
+    "eviction": ((str,), "which own pages a writer evicts when the card is full: slru: pages never restored "
+                 "first, pages restored at least once (up to 80% of its pages) only after them; lru: the least "
+                 "recently used. Either way a prefix loses its last pages first"),
     "store_drafter_kv": ((bool,), "speculative decoding (MTP/EAGLE heads in the target's KV-cache group): store the "
                          "drafter layers' KV in the pages, so a restore keeps the acceptance rate (a hit then ends "
                          "where the next stored page begins); false: pages without them, shared by engines with "
@@ -134,6 +138,7 @@ MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; ea
 RESTORE_POLICIES = ("auto", "always")
 RESTORE_STREAM_PRIORITIES = ("high", "normal")
 PAGE_COPIES = ("fused", "per_layer")
+EVICTIONS = ("slru", "lru")  # StoreConfig.eviction (the store's EVICTION_POLICIES; no store import here)
 MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devices need no more)
 
 # Options whose default comes from the host (host_defaults) when kv_connector_extra_config leaves them out.
@@ -248,6 +253,9 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
     if cfg.page_copy not in PAGE_COPIES:
         raise ConfigError(f"ADPConnector: kv_connector_extra_config['page_copy'] must be one of "
                           f"{', '.join(PAGE_COPIES)}, got {cfg.page_copy!r}")
+    if cfg.eviction not in EVICTIONS:
+        raise ConfigError(f"ADPConnector: kv_connector_extra_config['eviction'] must be one of "
+                          f"{', '.join(EVICTIONS)}, got {cfg.eviction!r}")
     return cfg
 
 
