@@ -201,3 +201,24 @@ def test_eviction_options_are_validated() -> None:
         StoreConfig(eviction="fifo")
     with pytest.raises(ValueError, match=r"protected_share must be within 0\.\.1"):
         StoreConfig(protected_share=1.5)
+
+
+@pytest.mark.parametrize("noted", [True, False])
+def test_pages_read_back_elsewhere_are_kept_like_own_load_hits(noted: bool) -> None:
+    """``note_read_back`` (another helper of the engine served the load) protects the pages as a load hit here would:
+    under pressure the noted chain stays whole while a chain saved after it goes first. Control: not noted, the
+    older chain goes first."""
+    s, filler = _full_store("slru")
+    try:
+        a, b = _chain(4, 1), _chain(4, 50)
+        _save(s, a)
+        _save(s, b)
+        if noted:
+            assert s.note_read_back([*a, b"x" * 32]) == 4  # a key it does not own is ignored
+            assert s.stats.read_back_elsewhere == 4
+        it = iter(filler)
+        while all(s.contains(a)) and all(s.contains(b)):
+            _save(s, [next(it)])
+        assert all(s.contains(a)) is noted and all(s.contains(b)) is not noted
+    finally:
+        s.close()

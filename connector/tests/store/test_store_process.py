@@ -196,6 +196,35 @@ def test_group_spreads_loads_and_reloads_what_a_reader_has_not_indexed(target, a
     assert not g.alive
 
 
+def test_group_names_pages_a_reader_read_back_to_their_writer(target, arena) -> None:
+    """Restores a reader helper serves reach the writer's eviction order: the writer counts the pages as read back
+    (``read_back_elsewhere``); pages the writer loads itself are its own load hits, not notices (the control)."""
+    from adp_connector.store.process import StoreGroup
+
+    g = StoreGroup.start(Controller.connect, (_host(target),), _cfg(), arena, readers=1)
+    try:
+        view = memoryview(arena.map)
+        keys = [bytes([60 + i]) * 32 for i in range(4)]
+        for i in range(4):
+            view[i * PAGE:(i + 1) * PAGE] = _page(i)
+        assert all(r.ok for r in g.save_batch(keys, [view[i * PAGE:(i + 1) * PAGE] for i in range(4)]).wait(20))
+        g.refresh()
+        into = [view[(4 + i) * PAGE:(5 + i) * PAGE] for i in range(4)]
+        g._load_member = lambda: g.writer  # type: ignore[method-assign]
+        assert all(r.ok for r in g.load_batch(keys, into).wait(20))
+        assert g.writer.stats()["read_back_elsewhere"] == 0
+        g._load_member = lambda: g.readers[0]  # type: ignore[method-assign]
+        assert all(r.ok for r in g.load_batch(keys[:3], into[:3]).wait(20))
+        assert g.readers[0].stats()["pages_loaded"] == 3
+        deadline = time.monotonic() + 10
+        while g.writer.stats()["read_back_elsewhere"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)  # a notice, sent after the batch completed
+        assert g.writer.stats()["read_back_elsewhere"] == 3
+        view.release()
+    finally:
+        g.close()
+
+
 class _Helper:
     """A helper as StoreGroup routes to it: its outstanding requests, and the load batches it was given (answered
     OK at once)."""
@@ -213,6 +242,9 @@ class _Helper:
         h._set([PageResult(bytes(k), PageStatus.OK, 1) for k in keys])
         return h
 
+    def note_read_back(self, keys):
+        self.noted = [*getattr(self, "noted", []), *keys]
+
 
 def test_group_sends_loads_past_a_writer_busy_with_saves() -> None:
     """The fewest outstanding requests win: two readers take every load while the writer has saves queued (in strict
@@ -228,6 +260,7 @@ def test_group_sends_loads_past_a_writer_busy_with_saves() -> None:
     for _ in range(6):
         g.load_batch([b"k" * 32], [bytearray(1)]).wait(1)
     assert writer.loads == 2 and r1.loads == 5 and r2.loads == 5
+    assert writer.noted == [b"k" * 32] * 10  # each load a reader served is named to the key's writer
 
 
 def test_group_reports_the_first_helper_exit_once(target, arena) -> None:

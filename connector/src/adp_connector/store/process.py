@@ -288,6 +288,12 @@ class StoreProcess:
             self._pending[rid] = entry
             return rid
 
+    def note_read_back(self, keys: Sequence[bytes]) -> None:
+        """Tell the helper that ``keys`` were read back elsewhere (:meth:`PageStore.note_read_back`); no reply, so
+        a reply thread may call it."""
+        if not self._closed:
+            self._send(("read_back", 0, [bytes(k) for k in keys], None))
+
     def discard(self, keys: Iterable[bytes], timeout: float = 30.0) -> int:
         """Delete own pages; returns how many were removed."""
         return int(self._call("discard", [bytes(k) for k in keys], timeout))
@@ -434,7 +440,8 @@ class StoreGroup:
     own stable writer id (:func:`member_writer_id`). Load batches go to the helper with the fewest requests
     outstanding (in turn among equals), each with its own NVMe/TCP controller. A helper indexes other writers' pages
     through its refreshes, so pages saved since its last refresh may come back MISSING there: those are loaded again
-    through the key's writer before the batch completes.
+    through the key's writer before the batch completes. The pages a helper read back for another writer are noted
+    to that writer (:meth:`StoreProcess.note_read_back`), whose eviction order counts them as read.
     """
 
     def __init__(self, writer: StoreProcess, readers: list[StoreProcess],
@@ -574,11 +581,21 @@ class StoreGroup:
         def retry_missing(h: BatchHandle) -> None:
             res = list(h.wait(0))
             again: dict[int, list[int]] = {}
+            read: dict[int, list[bytes]] = {}  # pages a helper other than their writer read back, by writer
             n = len(self.writers)
             for i, r in enumerate(res):
                 w = save_owner(bytes(keys[i]), n)
-                if r.status is PageStatus.MISSING and self.writers[w] is not member:
+                if self.writers[w] is member:
+                    continue
+                if r.status is PageStatus.MISSING:
                     again.setdefault(w, []).append(i)
+                elif r.status is PageStatus.OK:
+                    read.setdefault(w, []).append(bytes(keys[i]))
+            for w, ks in read.items():  # their writer ranks them for eviction as if it had served the load
+                try:
+                    self.writers[w].note_read_back(ks)
+                except Exception as exc:  # a lost notice costs an eviction rank, never the load
+                    log.warning("ADP KV: telling writer %d about %d pages read back failed: %s", w, len(ks), exc)
             if not again:
                 out._set(res)
                 return
@@ -691,6 +708,10 @@ def _serve(conn: Connection, arena: memoryview, populator: ArenaPopulator | None
                 op, rid, keys, locs = conn.recv()
             except EOFError:
                 break
+            if op == "read_back":  # a notice: no reply
+                if store is not None:
+                    store.note_read_back(keys)
+                continue
             if op in ("save", "load"):
                 bufs: list[Any] = []
                 inline: list[tuple[int, bytearray]] = []

@@ -99,6 +99,7 @@ class StoreStats:
     stale_reads: int = 0        # another writer's page changed under a stale index entry (a miss)
     io_errors: int = 0          # failed device commands (reads, writes, flushes)
     evictions: int = 0
+    read_back_elsewhere: int = 0  # own pages another helper of the engine read back (note_read_back)
     discards: int = 0
     lease_lost: int = 0
     segments_claimed: int = 0   # segments won by claims (free, released or of expired writers)

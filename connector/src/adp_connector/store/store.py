@@ -216,6 +216,15 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         """Blocking single-page load."""
         return self.load_batch([key], [buf]).wait(timeout)[0]
 
+    def note_read_back(self, keys: Sequence[bytes]) -> int:
+        """Own pages among ``keys`` (one load batch, in its order) that another process read back (a reader helper
+        of the same engine): ranked for eviction as if this store had served the load. Returns how many were own."""
+        with self._lock:
+            own = [k for k in keys if k in self._own]
+            self._own.read_back(reversed(own))  # the head of the batch ends most recent
+        self.stats.add(read_back_elsewhere=len(own))
+        return len(own)
+
     def discard(self, keys: Iterable[bytes]) -> int:
         """Delete own pages (commits a tombstone); returns how many were removed. Others' pages are ignored."""
         n = self._drop_own(list(keys))
