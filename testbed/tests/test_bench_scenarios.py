@@ -33,6 +33,9 @@ vllm:adp_kv_pages_loaded_total{engine="0"} 31.0
 vllm:adp_kv_saves_dropped_by_cause_total{cause="no_staging",engine="0"} 600.0
 vllm:adp_kv_saves_dropped_by_cause_total{cause="pending_cap",engine="0"} 43.0
 vllm:adp_kv_load_failures_total{cause="evicted",engine="0"} 2.0
+vllm:adp_kv_hook_seconds_total{engine="0",hook="wait_for_save"} 0.25
+vllm:adp_kv_hook_seconds_total{engine="0",hook="get_num_new_matched_tokens"} 0.05
+vllm:adp_kv_hook_calls_total{engine="0",hook="wait_for_save"} 100.0
 vllm:prefix_cache_hits_total{cause="odd",engine="1"} 0.0
 """
 
@@ -68,7 +71,10 @@ def test_parse_metrics_and_counters() -> None:
     assert c["adp_kv_saves_dropped_by_cause{cause=no_staging}"] == 600.0  # drops and failures kept by cause
     assert c["adp_kv_saves_dropped_by_cause{cause=pending_cap}"] == 43.0
     assert c["adp_kv_load_failures{cause=evicted}"] == 2.0 and c["adp_kv_load_failures"] == 2.0
-    assert not any(k.startswith("prefix_cache_hits{") for k in c)  # only the cause-labelled families are split
+    assert not any(k.startswith("prefix_cache_hits{") for k in c)  # only the labelled families are split
+    assert c["adp_kv_hook_seconds{hook=wait_for_save}"] == 0.25 and c["adp_kv_hook_seconds"] == 0.3
+    assert c["adp_kv_hook_calls{hook=wait_for_save}"] == 100.0
+    assert serve.by_label(c, "vllm:adp_kv_hook_seconds") == {"wait_for_save": 0.25, "get_num_new_matched_tokens": 0.05}
     d = serve.delta(c, {k: 1.0 for k in c})
     assert d["prefix_cache_hits"] == 895.0
     with pytest.raises(ValueError):  # prometheus_client's parser reads the page: a broken one is an error
@@ -485,3 +491,18 @@ def test_save_rates_compare_what_was_asked_of_the_card_with_what_it_wrote():
     kept = save_rates({"adp_kv_pages_saved": 300.0, "adp_kv_bytes_saved": 300 * 2e6}, 2.0)
     assert kept["offered_gbps"] == kept["written_gbps"] == 0.3 and kept["dropped_share"] == 0.0
     assert save_line({"saves": save_rates({}, 2.0)}) == ""
+
+
+def test_hook_time_is_reported_per_request_largest_first():
+    """Issue 14 item 6: the connector's time inside vLLM's hooks, per finished request, in the printed line and in the
+    report's explanation of a point where the connector arm is behind; nothing for an arm without the connector."""
+    from adp_testbed.bench.common import hook_line
+    from adp_testbed.bench.report import _why
+
+    c = {"request_success": 4.0, "adp_kv_hook_seconds{hook=wait_for_save}": 0.08,
+         "adp_kv_hook_seconds{hook=get_num_new_matched_tokens}": 0.004, "adp_kv_hook_seconds{hook=start_load_kv}": 0.0}
+    assert serve.hook_ms_per_request(c) == {"wait_for_save": 20.0, "get_num_new_matched_tokens": 1.0}
+    assert hook_line({"counters": c}) == "  hooks 21.0 ms/request (wait_for_save 20.0, get_num_new_matched_tokens 1.0)"
+    assert "inside vLLM's hooks it spent wait_for_save 20.0, get_num_new_matched_tokens 1.0 ms per request" in _why(c)
+    assert hook_line({"counters": {"request_success": 4.0}}) == ""  # the baseline arm: no hook series
+    assert serve.hook_ms_per_request({"adp_kv_hook_seconds{hook=wait_for_save}": 1.0}) == {}  # nothing finished

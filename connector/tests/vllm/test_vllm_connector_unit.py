@@ -695,6 +695,42 @@ def test_failure_causes_are_exported_with_a_cause_label() -> None:
     assert reg.get_sample_value("vllm:adp_kv_load_fallbacks_total", {"engine": "0"}) == 3.0
 
 
+def test_hook_time_is_logged_in_one_figure_and_exported_per_hook() -> None:
+    """A timed hook adds its seconds and one call; the logged stats sum the hooks (``hooks_ms``), /metrics keeps
+    each under a ``hook`` label; an interval without hook time logs no figure (the control)."""
+    import functools
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from adp_connector.pipeline import Counters
+    from adp_connector.vllm.hook_timing import timed
+    from adp_connector.vllm.stats import ADPConnectorStats, ADPPromMetrics
+
+    class Front:
+        def __init__(self) -> None:
+            self.counters = Counters()
+
+        @timed("wait_for_save")
+        def wait_for_save(self) -> None:
+            time.sleep(0.01)
+
+    f = Front()
+    f.wait_for_save()
+    f.wait_for_save()
+    data = f.counters.drain()
+    assert data["hook_calls_wait_for_save"] == 2 and data["hook_s_wait_for_save"] >= 0.02
+    assert ADPConnectorStats(data=dict(data)).reduce()["hooks_ms"] >= 20
+    assert "hooks_ms" not in ADPConnectorStats(data={"loads": 1}).reduce()
+    reg = CollectorRegistry()
+    types = {Counter: functools.partial(Counter, registry=reg), Gauge: functools.partial(Gauge, registry=reg),
+             Histogram: functools.partial(Histogram, registry=reg)}
+    ADPPromMetrics(SimpleNamespace(kv_transfer_config=None), types, ["engine"], {0: ["0"]}).observe(data, 0)
+    assert reg.get_sample_value("vllm:adp_kv_hook_calls_total", {"engine": "0", "hook": "wait_for_save"}) == 2.0
+    assert reg.get_sample_value("vllm:adp_kv_hook_seconds_total", {"engine": "0", "hook": "start_load_kv"}) == 0.0
+    with pytest.raises(ValueError, match="unknown hook"):
+        timed("no_such_hook")
+
+
 @native_contract
 def test_only_committed_pages_are_offered() -> None:
     """A page counts as stored once it is committed on the card: not while its save is in flight, never when

@@ -109,6 +109,14 @@ def test_metrics_parse_with_histograms_gauge_and_causes() -> None:
         assert _value(fams, "vllm:adp_kv_store_unavailable", "vllm:adp_kv_store_unavailable_total") == 0
         assert "vllm:adp_kv_saves_dropped_by_cause_total" in {
             s.name for s in fams["vllm:adp_kv_saves_dropped_by_cause"].samples}
+        # the time inside each vLLM hook, on the calling thread (issue 14 item 6); a hook never called reads 0
+        hook = "vllm:adp_kv_hook_seconds"
+        assert _value(fams, hook, hook + "_total", hook="wait_for_save") > 0
+        assert _value(fams, hook, hook + "_total", hook="get_num_new_matched_tokens") > 0
+        assert _value(fams, "vllm:adp_kv_hook_calls", "vllm:adp_kv_hook_calls_total", hook="request_finished") == 1
+        assert _value(fams, "vllm:adp_kv_hook_calls", "vllm:adp_kv_hook_calls_total",
+                      hook="get_num_new_matched_tokens") == 3  # r1, r2, r3
+        assert _value(fams, hook, hook + "_total", hook="update_connector_output") == 0
     finally:
         worker.shutdown()
         sched.shutdown()

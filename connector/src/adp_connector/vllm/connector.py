@@ -43,6 +43,7 @@ from .compat import HAS_FAILED_RECVING as _HAS_FAILED_RECVING
 from .compat import pp_rank as _pp_rank
 from .compat import tp_rank as _tp_rank
 from .config import ADPConfig, parse_config
+from .hook_timing import timed
 from .layouts import GroupLayout, describe_groups, drafter_layer_names
 from .metadata import ADPMetadata, ADPWorkerMetadata, PageRef
 from .naming import PageNamer
@@ -147,6 +148,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ------------------------------------------------------------------ scheduler side
 
+    @timed("get_num_new_matched_tokens")
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens beyond ``num_computed_tokens`` restorable from the card (loaded asynchronously)."""
         return self.scheduler_side.get_num_new_matched_tokens(request, num_computed_tokens)
@@ -155,23 +157,28 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         """Groups a restore fills (others, e.g. drafter groups, are zeroed by the engine)."""
         return tuple(g.group_id for g in self.layouts if g.persists)
 
+    @timed("update_state_after_alloc")
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the restore of the blocks the scheduler just allocated for an external hit."""
         self.scheduler_side.update_state_after_alloc(request, blocks, num_external_tokens)
 
+    @timed("build_connector_meta")
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's restores (planned at admission) and saves (blocks this step fills)."""
         return self.scheduler_side.build_connector_meta(scheduler_output)
 
+    @timed("update_connector_output")
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Failed restores and failed saves reported by the workers."""
         self.scheduler_side.update_connector_output(connector_output)
 
+    @timed("request_finished")
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Saves are staged when blocks are computed, so blocks are free to go at once."""
         self.scheduler_side.request_finished(request.request_id)
         return False, None
 
+    @timed("request_finished")
     def request_finished_all_groups(self, request: Request,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
         """HMA variant of :meth:`request_finished`."""
@@ -189,6 +196,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         """Map every group's layers to their per-block byte slices (validated against the layout)."""
         self.worker_side.register_kv_caches(kv_caches)
 
+    @timed("start_load_kv")
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Submit this step's restores; they complete in the store's threads (see :meth:`get_transfer_results`)."""
         meta = self._get_connector_metadata()
@@ -203,6 +211,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         """Saves are block-granular (see :meth:`wait_for_save`)."""
         return
 
+    @timed("wait_for_save")
     def wait_for_save(self) -> None:
         """Stage the pages this step filled (device -> host) and hand them to the store's writer."""
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
@@ -214,14 +223,17 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         r = self.get_transfer_results(finished_req_ids)
         return r.finished_sending or None, r.finished_recving or None
 
+    @timed("get_transfer_results")
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """Finished restores and failures (-> recompute)."""
         return self.worker_side.get_transfer_results()
 
+    @timed("get_block_ids_with_load_errors")
     def get_block_ids_with_load_errors(self) -> set[int]:
         """vLLM 0.26: blocks of failed restores since the last call (the scheduler recomputes from the first)."""
         return self.worker_side.get_block_ids_with_load_errors()
 
+    @timed("build_connector_worker_meta")
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         """Keys whose save failed since the last step (device full, target gone...): saved again later."""
         return self.worker_side.build_worker_meta()

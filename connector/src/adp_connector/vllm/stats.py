@@ -13,18 +13,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 from ..pipeline.counters import SAMPLE_PREFIX
 from ..pipeline.restore import FAILURE_COUNTER_PREFIX, Cause
 from ..pipeline.save import DROP_CAUSES, DROP_COUNTER_PREFIX
+from .hook_timing import HOOK_CALLS_PREFIX, HOOK_SECONDS_PREFIX, HOOKS, hook_seconds
 
-# counter families with a ``cause`` label: data key prefix -> (metric name, help, causes)
+# labelled counter families: data key prefix -> (metric name, help, label, its values)
 LABELLED = {
     FAILURE_COUNTER_PREFIX: ("vllm:adp_kv_load_failures", "failed restores (the request recomputed), by cause",
-                             tuple(c.value for c in Cause)),
+                             "cause", tuple(c.value for c in Cause)),
     DROP_COUNTER_PREFIX: ("vllm:adp_kv_saves_dropped_by_cause", "pages of saves dropped (not attempted), by cause",
-                          tuple(DROP_CAUSES)),
+                          "cause", tuple(DROP_CAUSES)),
+    HOOK_SECONDS_PREFIX: ("vllm:adp_kv_hook_seconds", "seconds spent inside each vLLM hook, on the calling thread",
+                          "hook", HOOKS),
+    HOOK_CALLS_PREFIX: ("vllm:adp_kv_hook_calls", "calls of each vLLM hook", "hook", HOOKS),
 }
 
 # Counter names (summed across workers and intervals). *_s are seconds, bytes_* bytes. Besides these, one
 # ``load_failed_<cause>`` per failure cause (:class:`adp_connector.pipeline.restore.Cause`) and one
-# ``save_dropped_<cause>`` per reason a save was dropped, exported with a ``cause`` label (:data:`LABELLED`).
+# ``save_dropped_<cause>`` per reason a save was dropped, exported with a ``cause`` label, and the seconds and calls
+# of each vLLM hook (:mod:`.hook_timing`), exported with a ``hook`` label (:data:`LABELLED`).
 COUNTERS = (
     "lookups", "lookup_hit_tokens", "loads", "loads_ok", "load_fallbacks", "verify_failures", "pages_loaded",
     "bytes_loaded", "load_s", "saves", "pages_saved", "bytes_saved", "save_s", "saves_dropped", "save_errors",
@@ -77,7 +82,11 @@ class ADPConnectorStats(KVConnectorStats):
     def reduce(self) -> dict[str, int | float]:
         d = self.data
         out: dict[str, int | float] = {k: d.get(k, 0) for k in COUNTERS}
-        out.update({k: v for k, v in d.items() if k.startswith(tuple(LABELLED)) and v})
+        causes = tuple(p for p, (*_, label, _values) in LABELLED.items() if label == "cause")
+        out.update({k: v for k, v in d.items() if k.startswith(causes) and v})
+        hooks = hook_seconds(d)  # one figure in the log line; each hook on /metrics
+        if hooks:
+            out["hooks_ms"] = round(1e3 * sum(hooks.values()), 1)
         if d.get("store_links"):
             out["store_connected"] = int(d.get("store_links_up", 0) >= d["store_links"])
         out["load_gbps"] = round(d["bytes_loaded"] / d["load_s"] / 1e9, 3) if d.get("load_s") else 0.0
@@ -110,11 +119,11 @@ class ADPPromMetrics(KVConnectorPromMetrics):
                 labelnames=labelnames,
             )
             self._series[name] = {idx: metric.labels(*vals) for idx, vals in per_engine_labelvalues.items()}
-        self._by_cause: dict[str, dict[int, dict[str, Any]]] = {}  # prefix -> engine -> cause -> series
-        for prefix, (metric_name, doc, causes) in LABELLED.items():
+        self._by_label: dict[str, dict[int, dict[str, Any]]] = {}  # prefix -> engine -> label value -> series
+        for prefix, (metric_name, doc, label, values) in LABELLED.items():
             metric = self._counter_cls(name=metric_name, documentation=f"ADP KV connector: {doc}",
-                                       labelnames=[*labelnames, "cause"])
-            self._by_cause[prefix] = {idx: {c: metric.labels(*vals, c) for c in causes}
+                                       labelnames=[*labelnames, label])
+            self._by_label[prefix] = {idx: {c: metric.labels(*vals, c) for c in values}
                                       for idx, vals in per_engine_labelvalues.items()}
         self._histograms: dict[str, dict[int, Any]] = {}
         for sample, (metric_name, doc, buckets) in HISTOGRAMS.items():
@@ -141,8 +150,8 @@ class ADPPromMetrics(KVConnectorPromMetrics):
             v = transfer_stats_data.get(name, 0)
             if v and engine_idx in per_engine:
                 per_engine[engine_idx].inc(v)
-        for prefix, per_engine_causes in self._by_cause.items():
-            by_cause = per_engine_causes.get(engine_idx, {})
+        for prefix, per_engine_values in self._by_label.items():
+            series = per_engine_values.get(engine_idx, {})
             for name, v in transfer_stats_data.items():
-                if v and name.startswith(prefix) and name[len(prefix):] in by_cause:
-                    by_cause[name[len(prefix):]].inc(v)
+                if v and name.startswith(prefix) and name[len(prefix):] in series:
+                    series[name[len(prefix):]].inc(v)

@@ -121,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
         f"{pt['agents']:3} agents  {pt['agent_tps_mean']:7.1f} tok/s per agent "
         f"(min {pt['agent_tps_min']:.1f})  below floor {pt['below_floor_share']:.0%}  "
         f"TTFT p95 {pt['ttft_s']['p95']}  ext hits {pt['counters']['external_prefix_cache_hits']:.0f}  "
-        f"failed {pt['failed']}" + C.save_line(pt)))
+        f"failed {pt['failed']}" + C.save_line(pt) + C.hook_line(pt)))
     for r in result["ratios"]:
         print(f"adp / other arms at {r['agents']:3} agents: "
               + "  ".join(f"{k[3:]} {v:.2f}x" for k, v in r.items() if k.startswith("vs_")))

@@ -290,10 +290,19 @@ def save_line(pt: dict[str, Any]) -> str:
     sv = pt.get("saves") or {}
     if not sv.get("offered_gbps"):
         return ""
-    dropped = SV.by_cause(pt.get("counters") or {}, "vllm:adp_kv_saves_dropped_by_cause")
+    dropped = SV.by_label(pt.get("counters") or {}, "vllm:adp_kv_saves_dropped_by_cause")
     causes = ", ".join(f"{c} {v:.0f}" for c, v in sorted(dropped.items()) if v)
     return (f"  saves asked {sv['offered_gbps']:.2f} GB/s wrote {sv['written_gbps']:.2f} GB/s "
             f"dropped {sv['dropped_share']:.1%}" + (f" ({causes} pages)" if causes else ""))
+
+
+def hook_line(pt: dict[str, Any]) -> str:
+    """``pt``'s time in the connector's hooks for its printed line: the total and the two largest, per request."""
+    per = SV.hook_ms_per_request(pt.get("counters") or {})
+    if not per:
+        return ""
+    top = ", ".join(f"{h} {v:.1f}" for h, v in list(per.items())[:2])
+    return f"  hooks {sum(per.values()):.1f} ms/request ({top})"
 
 
 def print_points(result: dict[str, Any], run: Run, line: Callable[[dict[str, Any]], str]) -> int:

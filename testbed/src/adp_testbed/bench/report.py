@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .serve import hook_ms_per_request
+
 COLORS = {"baseline": "#8c8c8c", "adp": "#1f77b4", "cpu-offload": "#ff7f0e"}
 LABELS = {"baseline": "baseline (no connector)", "adp": "ADP connector",
           "cpu-offload": "vLLM OffloadingConnector (CPU tier)"}
@@ -270,6 +272,10 @@ def _why(c: dict[str, float], failed: int = 0, other_failed: int = 0) -> str:
     elif not ext:
         parts.append(f"the connector restored nothing here (0 external hit tokens; vLLM's own prefix cache hit "
                      f"{local:.0f} tokens), so the arm only paid for saving ({saved:.0f} pages saved)")
+        hooks = hook_ms_per_request(c)
+        if hooks:
+            parts.append("inside vLLM's hooks it spent " + ", ".join(f"{h} {v:.1f}" for h, v in list(hooks.items())[:3])
+                         + " ms per request")
     else:
         parts.append(f"it restored {ext:.0f} tokens from the card in {loads:.0f} load(s) beside {local:.0f} local hit "
                      f"tokens: at this size the restore took longer than the prefill it replaced")

@@ -40,9 +40,12 @@ COUNTERS = (
     "vllm:adp_kv_restores_declined",  # hits recomputed because the card was estimated slower (restore_policy)
     "vllm:adp_kv_saves_deduped",  # pages not written again: the card already held them
     "vllm:adp_kv_saves_waited",  # pages of saves that waited for staging (save_spill_mb), then were staged
+    "vllm:adp_kv_hook_seconds",  # the connector's time inside vLLM's hooks, summed over them (each: BY_LABEL)
 )
-# Counter families kept per ``cause`` label as well (``<name>{cause=<cause>}``), besides their sum.
-BY_CAUSE = ("vllm:adp_kv_load_failures", "vllm:adp_kv_saves_dropped_by_cause")
+# Counter families kept per value of one label as well (``<name>{<label>=<value>}``), besides their sum: why restores
+# failed and saves were dropped, and the connector's time inside each vLLM hook.
+BY_LABEL = {"vllm:adp_kv_load_failures": "cause", "vllm:adp_kv_saves_dropped_by_cause": "cause",
+            "vllm:adp_kv_hook_seconds": "hook", "vllm:adp_kv_hook_calls": "hook"}
 
 
 class ServeError(RuntimeError):
@@ -152,21 +155,32 @@ class EngineSpec:
         return a + list(self.extra_args)
 
 
-def cause_key(family: str, cause: str) -> str:
-    """The key of one cause's series of a :data:`BY_CAUSE` family (``<name>{cause=<cause>}``)."""
-    return f"{family}{{cause={cause}}}"
+def label_key(family: str, value: str) -> str:
+    """The key of one series of a :data:`BY_LABEL` family (``<name>{<label>=<value>}``; ``vllm:`` prefix optional)."""
+    label = BY_LABEL["vllm:" + family.removeprefix("vllm:")]
+    return f"{family}{{{label}={value}}}"
 
 
-def by_cause(counters: dict[str, float], family: str) -> dict[str, float]:
-    """{cause: value} of one :data:`BY_CAUSE` family in short-named ``counters`` (``vllm:`` prefix dropped)."""
-    head = cause_key(family.removeprefix("vllm:"), "")[:-1]
+def by_label(counters: dict[str, float], family: str) -> dict[str, float]:
+    """{label value: value} of one :data:`BY_LABEL` family in short-named ``counters`` (``vllm:`` prefix dropped)."""
+    head = label_key(family.removeprefix("vllm:"), "")[:-1]
     return {k[len(head):-1]: v for k, v in counters.items() if k.startswith(head)}
+
+
+def hook_ms_per_request(counters: dict[str, float]) -> dict[str, float]:
+    """Milliseconds per finished request the connector spent inside each vLLM hook (``adp_kv_hook_seconds``), the
+    largest first; empty where the arm has no connector or finished nothing."""
+    done = counters.get("request_success", 0.0)
+    per = by_label(counters, "vllm:adp_kv_hook_seconds")
+    if not done or not per:
+        return {}
+    return {h: round(1e3 * v / done, 2) for h, v in sorted(per.items(), key=lambda kv: -kv[1]) if v}
 
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {series name without ``_total``: value summed over labels} (``_created`` and ``_bucket``
-    samples dropped), and for the :data:`BY_CAUSE` families also ``<name>{cause=<cause>}`` per cause. Parsed with
-    prometheus_client's own parser: a /metrics page it cannot read is an error."""
+    samples dropped), and for the :data:`BY_LABEL` families also ``<name>{<label>=<value>}`` per label value. Parsed
+    with prometheus_client's own parser: a /metrics page it cannot read is an error."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -174,8 +188,9 @@ def parse_metrics(text: str) -> dict[str, float]:
                 continue
             name = sample.name.removesuffix("_total")
             keys = [name]
-            if name in BY_CAUSE and "cause" in sample.labels:
-                keys.append(cause_key(name, sample.labels["cause"]))
+            label = BY_LABEL.get(name)
+            if label is not None and label in sample.labels:
+                keys.append(label_key(name, sample.labels[label]))
             for k in keys:
                 out[k] = out.get(k, 0.0) + float(sample.value)
     return out
@@ -183,10 +198,11 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 def counters(metrics: dict[str, float]) -> dict[str, float]:
     """The :data:`COUNTERS` subset, short names (``vllm:`` prefix dropped), absent ones 0, and every per-cause
-    series of the :data:`BY_CAUSE` families that the page has (why restores failed and saves were dropped)."""
+    series of the :data:`BY_LABEL` families that the page has (why restores failed and saves were dropped, the time
+    inside each vLLM hook)."""
     out = {k.removeprefix("vllm:"): metrics.get(k, 0.0) for k in COUNTERS}
-    per_cause = tuple(f"{f}{{" for f in BY_CAUSE)
-    out.update({k.removeprefix("vllm:"): v for k, v in metrics.items() if k.startswith(per_cause)})
+    labelled = tuple(f"{f}{{" for f in BY_LABEL)
+    out.update({k.removeprefix("vllm:"): v for k, v in metrics.items() if k.startswith(labelled)})
     return out
 
 

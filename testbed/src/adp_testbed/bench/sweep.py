@@ -122,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
     rc = C.print_points(result, run, lambda pt: (
         f"{pt['users']:4} users  TTFT p50 {pt['ttft_s']['p50']} p95 {pt['ttft_s']['p95']}  "
         f"{pt['output_tps']:8.1f} tok/s  failed {pt['failed']}/{pt['requests']}  "
-        f"ext hits {pt['counters']['external_prefix_cache_hits']:.0f}" + C.save_line(pt)))
+        f"ext hits {pt['counters']['external_prefix_cache_hits']:.0f}" + C.save_line(pt) + C.hook_line(pt)))
     for r in result["ratios"]:
         print(f"adp / baseline at {r['users']:4} users: p95 TTFT {r['p95_ttft_vs_baseline']}x  "
               f"failed {r['adp_failed']} vs {r['baseline_failed']}")
