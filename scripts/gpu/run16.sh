@@ -7,7 +7,9 @@
 #   c  16 agents, 16 GiB CPU tier, 96 GiB card, 3 arms   k  8 agents, no connector, a GPU cache that holds every history
 #   l  16 agents (c's histories), no connector, a GPU cache that holds every history
 #   b  agents 1, 4, 8, three arms                       d  the sweep to 128 users
-#   o  1 agent, no connector and adp (the 2% cost gate)
+#   o  1 agent, no connector and adp (the 2% cost gate; results.json keeps the connector's time in each vLLM hook)
+#   v  16 agents (c's histories) on a 32 GiB card, below their ~52 GB: adp with the segmented LRU (the default)
+#   w  the same with eviction=lru (v against w: what keeping the pages read back is worth when the card is full)
 #   e  the restore path over 16 GB, splice and copy     g  adp at 8 agents under py-spy (active threads)
 #   h  adp at 8 agents, the card at MDTS 128K
 # The base wheel set is enough:
@@ -57,6 +59,11 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
 --offload-bytes 64G" $v agents $R/b ;;
     # issue 14: the connector's cost with nothing to gain (1 agent: nothing is evicted), no connector and adp
     o) BENCH_ARGS="--agents 1 --turns 4 --arms baseline,adp --target-workers 8 --card-bytes 64G" $v agents $R/o ;;
+    # issue 14: a card smaller than the 16 agents' working set, eviction slru (default) and lru
+    v) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp --target-workers 8 --card-bytes 32G" \
+         $v agents $R/v ;;
+    w) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp --target-workers 8 --card-bytes 32G \
+--connector-opt eviction=lru" $v agents $R/w ;;
     # issue 14: the sweep with the defaults, to 128 users
     d) BENCH_ARGS="--users 1,16,64,128 --arms baseline,adp --target-workers 8" $v sweep $R/d ;;
     # issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside
@@ -71,5 +78,5 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
   esac
   (cd $R && tar czf /root/part-$1.tgz host.txt "$1")
 }
-for s in ${STEPS:-c l x k b d e u s f g h}; do step "$s"; done
+for s in ${STEPS:-o v w b e c l x k d u s f g h}; do step "$s"; done
 echo "== done $(date +%T)"
