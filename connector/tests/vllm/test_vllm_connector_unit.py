@@ -731,6 +731,34 @@ def test_hook_time_is_logged_in_one_figure_and_exported_per_hook() -> None:
         timed("no_such_hook")
 
 
+def test_hook_time_alone_is_reported_at_most_every_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM moves connector stats with every step that has any: a step that only timed hooks reports them at most
+    every HOOK_REPORT_INTERVAL_S (nothing is lost: they wait in the interval); any other counter reports at once."""
+    from adp_connector.vllm import connector as front
+
+    tgt, sched, worker = _target_and_halves(io_process=False)
+    try:
+        clock = [1000.0]
+        monkeypatch.setattr(front, "_clock", lambda: clock[0])
+        assert worker.get_kv_connector_stats() is not None  # the link state, first reported
+        worker.get_block_ids_with_load_errors()
+        first = worker.get_kv_connector_stats()
+        assert first is not None and first.data["hook_calls_get_block_ids_with_load_errors"] == 1
+        worker.get_block_ids_with_load_errors()
+        assert worker.get_kv_connector_stats() is None  # hook time alone, within the interval: held back
+        clock[0] += front.HOOK_REPORT_INTERVAL_S
+        later = worker.get_kv_connector_stats()
+        assert later is not None and later.data["hook_calls_get_block_ids_with_load_errors"] == 1  # held, not lost
+        worker.get_block_ids_with_load_errors()
+        worker.counters.add(loads=1)  # the control: a counter of its own goes at once
+        assert worker.get_kv_connector_stats() is not None
+        assert worker.get_kv_connector_stats() is None  # and an idle step reports nothing
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
 @native_contract
 def test_only_committed_pages_are_offered() -> None:
     """A page counts as stored once it is committed on the card: not while its save is in flight, never when

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,7 +44,7 @@ from .compat import HAS_FAILED_RECVING as _HAS_FAILED_RECVING
 from .compat import pp_rank as _pp_rank
 from .compat import tp_rank as _tp_rank
 from .config import ADPConfig, parse_config
-from .hook_timing import timed
+from .hook_timing import HOOK_PREFIXES, HOOK_REPORT_INTERVAL_S, timed
 from .layouts import GroupLayout, describe_groups, drafter_layer_names
 from .metadata import ADPMetadata, ADPWorkerMetadata, PageRef
 from .naming import PageNamer
@@ -66,6 +67,7 @@ _SLAB_BYTES = 64 << 20  # staging slab: one store batch of pages (loads and save
 _check_vllm_version = check_vllm_version
 _check_legacy_layouts = check_legacy_layouts
 _LoadChunk, _LoadJob = LoadChunk, LoadJob
+_clock = time.monotonic  # the clock of the hook-time reports (a module name, so a test can move it)
 __all__ = ["_HAS_FAILED_RECVING", "ADPConnector", "ADPMetadata", "ADPWorkerMetadata", "PageRef"]
 
 
@@ -142,6 +144,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                                       num_blocks=kv_cache_config.num_blocks, slab_bytes=_SLAB_BYTES, arena=arena,
                                       audit=self.audit, legacy=self._legacy)
         self._reported_up: bool | None = None  # the link state last reported in the stats
+        self._hooks_reported_at = 0.0  # when hook time alone was last reported (not every step: HOOK_REPORT_INTERVAL_S)
         self.link.wait_startup()  # an unreachable target is reported (WARNING, with its address) by the link
         log.info("ADP KV connector (%s): %d group(s): %s", role.name, len(self.layouts),
                  "; ".join(f"g{g.group_id}={g.kind.value}/{g.block_size}/{g.page_bytes}B" for g in self.layouts))
@@ -247,8 +250,11 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         if up != self._reported_up or not up:
             self.counters.add(store_links=1, store_links_up=int(up))
             self._reported_up = up
-        if not self.counters.any():
-            return None
+        if not self.counters.any(ignoring=HOOK_PREFIXES):  # hook time alone rides along at most every interval
+            now = _clock()
+            if not self.counters.any() or now - self._hooks_reported_at < HOOK_REPORT_INTERVAL_S:
+                return None
+            self._hooks_reported_at = now
         data = self.counters.drain()
         self._write_audit_totals()
         from .stats import ADPConnectorStats

@@ -17,6 +17,10 @@ from typing import Any, TypeVar
 
 HOOK_SECONDS_PREFIX = "hook_s_"
 HOOK_CALLS_PREFIX = "hook_calls_"
+HOOK_PREFIXES = (HOOK_SECONDS_PREFIX, HOOK_CALLS_PREFIX)
+# a step that counted only hook time reports no stats unless this long has passed since hook time alone was last
+# reported (vLLM moves connector stats with every step that has any: a decode step would carry them every time)
+HOOK_REPORT_INTERVAL_S = 0.5
 # the timed hooks (the ``hook`` label's values)
 HOOKS = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta", "update_connector_output",
          "request_finished", "start_load_kv", "wait_for_save", "get_transfer_results",
