@@ -10,6 +10,8 @@
 #   o  1 agent, no connector and adp (the 2% cost gate; results.json keeps the connector's time in each vLLM hook)
 #   v  16 agents (c's histories) on a 32 GiB card, below their ~52 GB: adp with the segmented LRU (the default)
 #   w  the same with eviction=lru (v against w: what keeping the pages read back is worth when the card is full)
+#   n  GDN (Qwen3-Next) on FlashInfer's GDN prefill, vLLM 0.26's default on SM90, with its corrupted-state control:
+#      needs the GDN wheel set (.vllm-gpu-gdn: 10 chunks, a superset of the base set; docs/connector.md)
 #   e  the restore path over 16 GB, splice and copy     g  adp at 8 agents under py-spy (active threads)
 #   h  adp at 8 agents, the card at MDTS 128K
 # The base wheel set is enough:
@@ -59,6 +61,9 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
 --offload-bytes 64G" $v agents $R/b ;;
     # issue 14: the connector's cost with nothing to gain (1 agent: nothing is evicted), no connector and adp
     o) BENCH_ARGS="--agents 1 --turns 4 --arms baseline,adp --target-workers 8 --card-bytes 64G" $v agents $R/o ;;
+    # issue 16: GDN with FlashInfer's prefill (GDN_ARGS empty: vLLM's default backend), the kernel JIT-compiled at
+    # the first prefill
+    n) GDN_ARGS="" FAMILY_JOBS=2 FAMILY_TIMEOUT=540 FAMILIES="gdn gdn+corrupt-states" $v families $R/n ;;
     # issue 14: a card smaller than the 16 agents' working set, eviction slru (default) and lru
     v) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp --target-workers 8 --card-bytes 32G" \
          $v agents $R/v ;;
