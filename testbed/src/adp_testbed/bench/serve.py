@@ -197,9 +197,9 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def counters(metrics: dict[str, float]) -> dict[str, float]:
-    """The :data:`COUNTERS` subset, short names (``vllm:`` prefix dropped), absent ones 0, and every per-cause
-    series of the :data:`BY_LABEL` families that the page has (why restores failed and saves were dropped, the time
-    inside each vLLM hook)."""
+    """The :data:`COUNTERS` subset, short names (``vllm:`` prefix dropped), absent ones 0, and every labelled series
+    of the :data:`BY_LABEL` families that the page has (why restores failed and saves were dropped, the time inside
+    each vLLM hook)."""
     out = {k.removeprefix("vllm:"): metrics.get(k, 0.0) for k in COUNTERS}
     labelled = tuple(f"{f}{{" for f in BY_LABEL)
     out.update({k.removeprefix("vllm:"): v for k, v in metrics.items() if k.startswith(labelled)})
