@@ -702,23 +702,25 @@ def test_hook_time_is_logged_in_one_figure_and_exported_per_hook() -> None:
 
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-    from adp_connector.pipeline import Counters
-    from adp_connector.vllm.hook_timing import timed
+    from adp_connector.vllm.hook_timing import HookClock, timed
     from adp_connector.vllm.stats import ADPConnectorStats, ADPPromMetrics
 
     class Front:
         def __init__(self) -> None:
-            self.counters = Counters()
+            self.hook_clock = HookClock()
 
         @timed("wait_for_save")
         def wait_for_save(self) -> None:
             time.sleep(0.01)
 
     f = Front()
+    assert not f.hook_clock.any()
     f.wait_for_save()
     f.wait_for_save()
-    data = f.counters.drain()
+    assert f.hook_clock.any()
+    data = f.hook_clock.drain()
     assert data["hook_calls_wait_for_save"] == 2 and data["hook_s_wait_for_save"] >= 0.02
+    assert not f.hook_clock.any() and f.hook_clock.drain() == {}  # drained: counted once
     assert ADPConnectorStats(data=dict(data)).reduce()["hooks_ms"] >= 20
     assert "hooks_ms" not in ADPConnectorStats(data={"loads": 1}).reduce()
     reg = CollectorRegistry()

@@ -38,11 +38,9 @@ class Counters:
         with self._lock:
             return self.interval.get(name, 0.0)
 
-    def any(self, ignoring: tuple[str, ...] = ()) -> bool:
-        """Whether this interval counted or sampled anything (counters named with an ``ignoring`` prefix aside)."""
+    def any(self) -> bool:
         with self._lock:
-            return (any(v for k, v in self.interval.items() if not (ignoring and k.startswith(ignoring)))
-                    or any(self.samples.values()))
+            return any(self.interval.values()) or any(self.samples.values())
 
     def drain(self) -> dict[str, float | list[float]]:
         """Move this interval's counters into the running totals; returns the interval's counters and samples."""

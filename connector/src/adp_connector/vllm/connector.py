@@ -44,7 +44,7 @@ from .compat import HAS_FAILED_RECVING as _HAS_FAILED_RECVING
 from .compat import pp_rank as _pp_rank
 from .compat import tp_rank as _tp_rank
 from .config import ADPConfig, parse_config
-from .hook_timing import HOOK_PREFIXES, HOOK_REPORT_INTERVAL_S, timed
+from .hook_timing import HOOK_REPORT_INTERVAL_S, HookClock, timed
 from .layouts import GroupLayout, describe_groups, drafter_layer_names
 from .metadata import ADPMetadata, ADPWorkerMetadata, PageRef
 from .naming import PageNamer
@@ -123,6 +123,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
                                tp_rank=self.tp_rank, tp_size=self.tp_size, pp_rank=self.pp_rank,
                                pp_size=self.pp_size, legacy=self._legacy)
         self.counters = Counters()
+        self.hook_clock = HookClock()  # the time inside each hook (hook_timing.py)
         role_name = "worker" if self._is_worker else "scheduler"
         self.audit = PageAudit(self.cfg.audit_path, role_name) if self.cfg.audit_path else None
         # The writer identity is per engine launch (vLLM's engine_id is a fresh UUID each start): two replicas
@@ -250,11 +251,12 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         if up != self._reported_up or not up:
             self.counters.add(store_links=1, store_links_up=int(up))
             self._reported_up = up
-        if not self.counters.any(ignoring=HOOK_PREFIXES):  # hook time alone rides along at most every interval
+        if not self.counters.any():  # hook time alone rides along at most every HOOK_REPORT_INTERVAL_S
             now = _clock()
-            if not self.counters.any() or now - self._hooks_reported_at < HOOK_REPORT_INTERVAL_S:
+            if not self.hook_clock.any() or now - self._hooks_reported_at < HOOK_REPORT_INTERVAL_S:
                 return None
             self._hooks_reported_at = now
+        self.counters.add(**self.hook_clock.drain())
         data = self.counters.drain()
         self._write_audit_totals()
         from .stats import ADPConnectorStats
