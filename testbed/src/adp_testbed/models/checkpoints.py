@@ -212,6 +212,13 @@ def _unfuse_experts(out: Path) -> None:
 MLA_GPU = {"num_attention_heads": 16, "num_key_value_heads": 16, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
            "v_head_dim": 128, "kv_lora_rank": 512}
 
+# FlashInfer's GDN prefill (vLLM 0.26's default on SM90, a CuTe-DSL kernel) takes only head dim 128: "DSL kernel
+# only supports D=128, got 64" (H200, GPU run 18). Qwen3-Next's own linear-attention heads are 128 wide. One key and
+# two value heads keep the state, and so the block vLLM sizes to hold it (144 tokens), under verify's 256 batched
+# tokens (four value heads made it 272: "block_size (272) must be <= max_num_batched_tokens (256)").
+GDN_GPU = {"linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 1,
+           "linear_num_value_heads": 2}
+
 
 def _on_gpu() -> bool:
     try:
@@ -235,6 +242,8 @@ def ensure_model(family: str) -> Path:
         cfg_cls, model_cls, over = FAMILIES[family]
     if family in ("mla", "mtp") and _on_gpu():
         over, name = dict(over, **MLA_GPU), name + "-gpu"
+    if family == "gdn" and _on_gpu():
+        over, name = dict(over, **GDN_GPU), name + "-gpu"
     out = cache_dir() / name
     if _complete(out):
         return out
