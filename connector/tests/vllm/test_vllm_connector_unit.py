@@ -968,6 +968,47 @@ def test_lookups_cost_nothing_when_there_is_nothing_to_gain(monkeypatch: pytest.
         tgt.stop()
 
 
+@native_contract
+def test_a_local_hit_is_neither_looked_up_nor_walked_for_saves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent's next turn hits its history in the GPU cache: the lookup asks the card only about blocks past the
+    local hit (a restore never reads the others) and the save planning starts there too (an earlier request planned
+    those blocks' saves). The control: for a while after a save failed, admitted requests walk their local blocks
+    again (a block still in the GPU cache whose save failed is saved anew), with the same saves where none failed."""
+    tgt, sched, worker = _target_and_halves(io_process=True, min_load_tokens=0)
+    try:
+        worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+        stored = _cold_save(sched, worker)  # blocks 0-2 on the card (and, here, in the GPU cache)
+        derived, asked = [], []
+        key, contains = sched.namer.key, sched.link.store.contains
+        monkeypatch.setattr(sched.namer, "key", lambda *a, **k: derived.append(a[2]) or key(*a, **k))
+        monkeypatch.setattr(sched.link.store, "contains", lambda keys: asked.append(len(keys)) or contains(keys))
+
+        def turn(rid: str, last: int, table: list[int]) -> list[int]:
+            """A 17-token request whose first 12 are a local hit (its block 3, hash ``last``, is new): the blocks its
+            prefill step saves."""
+            r = _request(rid, [*stored, bytes([last]) * 32], 17)
+            assert sched.get_num_new_matched_tokens(r, 12) == (0, False)  # block 3 is not on the card
+            sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (table,)), 0)
+            r.num_computed_tokens = 12
+            meta = sched.build_connector_meta(_sched_out(rid, 5, table))
+            sched.request_finished_all_groups(r, (table,))
+            return [b for _, b, _ in meta.saves]
+
+        assert turn("a", 7, [1, 2, 3, 5]) == [5]
+        assert derived == [3, 3] and asked == [1, 1]  # lookup and saves: block 3 only
+        derived.clear()
+        asked.clear()
+        sched.update_connector_output(SimpleNamespace(  # a save failed somewhere: re-check local blocks for a while
+            failed_recving=set(), finished_recving=set(),
+            kv_connector_worker_meta=SimpleNamespace(failed_saves=[b"gone"], failed_loads=(), lost=())))
+        assert turn("b", 8, [1, 2, 3, 6]) == [6]  # the same saves: blocks 0-2 are on the card
+        assert derived == [3, 0, 1, 2, 3]  # control: the local blocks walked (saved moments ago: not asked about)
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
 @native_contract  # its cold save uses the >= 0.32 scheduler stand-ins; the policy itself is version-free
 def test_a_hit_the_card_serves_slower_than_a_recompute_is_recomputed() -> None:
     """restore_policy auto: once this engine measured a card slower than its prefill (here 1 MB/s against

@@ -76,10 +76,15 @@ class SchedulerSide:
         self.tables = BlockTables()  # vLLM 0.26 only
         self._meta_load_blocks: dict[str, list[int]] = {}
         self._meta_hashes: dict[bytes, bytes] = {}  # TP > 1: key -> block hash of the keys planned for this step
-        self._key_cache: dict[str, dict[int, list[bytes]]] = {}  # rid -> group -> keys of its leading blocks
-        # rid -> (when, max_tokens, lost generation, presence by group) of its last lookup: vLLM asks again every
-        # step a request waits (for blocks, or behind others), and each ask is a round trip to the lookup helper
-        self._last_lookup: dict[str, tuple[float, int, int, dict[int, list[bool]]]] = {}
+        self._key_cache: dict[str, dict[int, list[bytes | None]]] = {}  # rid -> group -> block keys (None: not derived)
+        # rid -> (when, max_tokens, local hit, lost generation, presence by group) of its last lookup: vLLM asks
+        # again every step a request waits (for blocks, or behind others), and each ask is a round trip to the
+        # lookup helper
+        self._last_lookup: dict[str, tuple[float, int, int, int, dict[int, list[bool]]]] = {}
+        # rid -> tokens of its local prefix-cache hit at admission: those blocks were computed (and their saves
+        # planned) by an earlier request, so neither the lookup nor the save planning walks them again
+        self._local_hit: dict[str, int] = {}
+        self._resave_until = 0.0  # a save failed lately: admitted requests re-check their local blocks until then
         self._lost_gen = 0  # bumped whenever the workers report keys gone: a reused answer may not hide them
         self.policy = (RestorePolicy(prior_bytes_per_s=cfg.restore_prior_gbps * 1e9)
                        if cfg.restore_policy == "auto" else None)
@@ -89,6 +94,7 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens beyond ``num_computed_tokens`` restorable from the card (loaded asynchronously)."""
         rid = request.request_id
+        self._local_hit[rid] = num_computed_tokens
         if not self.cfg.load or rid in self._failed or getattr(request, "skip_reading_prefix_cache", False):
             return 0, False
         store = self.link.store
@@ -104,8 +110,9 @@ class SchedulerSide:
             return 0, False
         now = time.monotonic()
         last = self._last_lookup.get(rid)
-        if last is not None and now - last[0] < LOOKUP_REUSE_S and last[1] == max_tokens and last[2] == self._lost_gen:
-            present = last[3]
+        if (last is not None and now - last[0] < LOOKUP_REUSE_S and last[1] == max_tokens
+                and last[2] <= num_computed_tokens and last[3] == self._lost_gen):
+            present = last[4]  # asked about the same blocks or more
             self.counters.add(lookups_reused=1)
         else:
             present = {}
@@ -115,10 +122,13 @@ class SchedulerSide:
                 nblk = max_tokens // g.block_size
                 if g.stores_drafter and (nblk + 1) * g.block_size <= hashed:
                     nblk += 1  # the page after the hit decides whether its last block's drafter KV fits this request
-                keys = self._lookup_keys(rid, g, hashes, nblk)
+                # blocks inside the local hit are on the GPU: a restore starts after them and never reads them
+                local = min(num_computed_tokens // g.block_size, nblk)
+                keys = self._lookup_keys(rid, g, hashes, local, nblk)
                 found = store.contains(keys) if keys else []
-                present[g.group_id] = [f and not self._is_lost(k) for k, f in zip(keys, found, strict=True)]
-            self._last_lookup[rid] = (now, max_tokens, self._lost_gen, present)
+                present[g.group_id] = [True] * local + [f and not self._is_lost(k)
+                                                        for k, f in zip(keys, found, strict=True)]
+            self._last_lookup[rid] = (now, max_tokens, num_computed_tokens, self._lost_gen, present)
             self.counters.add(lookups=1)
         hit = best_hit(self.layouts, present, max_tokens)
         self.counters.add(lookup_hit_tokens=max(hit - num_computed_tokens, 0))
@@ -157,22 +167,39 @@ class SchedulerSide:
                 total += n * g.page_bytes
         return total
 
-    def _lookup_keys(self, rid: str, g: GroupLayout, hashes: list, nblk: int) -> list[bytes]:
-        """Keys of ``g``'s first ``nblk`` blocks (fewer if their hashes are not known yet), derived once per
+    def _lookup_keys(self, rid: str, g: GroupLayout, hashes: list, first: int, nblk: int) -> list[bytes]:
+        """Keys of ``g``'s blocks ``first..nblk`` (fewer if their hashes are not known yet), each derived once per
         request: vLLM asks again every step a request waits, and a long prompt has thousands of blocks."""
         cache = self._key_cache.setdefault(rid, {}).setdefault(g.group_id, [])
-        for j in range(len(cache), nblk):
-            key = self.namer.key(g, hashes, j)
+        if len(cache) < first:
+            cache.extend([None] * (first - len(cache)))
+        out: list[bytes] = []
+        for j in range(first, nblk):
+            key = cache[j] if j < len(cache) else None
             if key is None:
-                break
-            cache.append(bytes(key))
-        return cache[:nblk]
+                derived = self.namer.key(g, hashes, j)
+                if derived is None:
+                    break
+                key = bytes(derived)
+                if j < len(cache):
+                    cache[j] = key
+                else:
+                    cache.append(key)
+            out.append(key)
+        return out
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the restore of the blocks the scheduler just allocated for an external hit."""
         rid = request.request_id
         st = self._reqs.setdefault(rid, _Req(request))
         st.request = request
+        local = self._local_hit.pop(rid, 0)
+        if local and time.monotonic() >= self._resave_until:
+            # the local hit's blocks were computed by an earlier request, which planned their saves: walking
+            # them again (thousands of keys for a long history) costs every turn of every session on the TTFT
+            for g in self.layouts:
+                if g.persists and g.kind is not GroupKind.STATE:
+                    st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), local // g.block_size)
         hit = self._pending_hit.pop(rid, None)
         if num_external_tokens <= 0 or hit is None:
             return
@@ -360,8 +387,11 @@ class SchedulerSide:
         """Remember failed restores so the recomputing request is not offered the same pages again;
         forget failed saves so a later request saves those pages again."""
         wm = getattr(connector_output, "kv_connector_worker_meta", None)
-        for k in getattr(wm, "failed_saves", ()):
+        failed_saves = getattr(wm, "failed_saves", ())
+        for k in failed_saves:
             self._recent_saves.pop(k, None)
+        if failed_saves:  # a request admitted with a local hit over those blocks saves them again
+            self._resave_until = time.monotonic() + RECENT_SAVE_TTL_S
         lost = getattr(wm, "lost", ())
         if lost:
             self._lost_gen += 1
@@ -398,6 +428,7 @@ class SchedulerSide:
         self._reqs.pop(rid, None)
         self._key_cache.pop(rid, None)
         self._last_lookup.pop(rid, None)
+        self._local_hit.pop(rid, None)
         self.tables.drop(rid)
         self._planned.pop(rid, None)
         self._pending_hit.pop(rid, None)
