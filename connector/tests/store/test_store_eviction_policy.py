@@ -222,3 +222,25 @@ def test_pages_read_back_elsewhere_are_kept_like_own_load_hits(noted: bool) -> N
         assert all(s.contains(a)) is noted and all(s.contains(b)) is not noted
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("policy", ["slru", "lru"])
+@pytest.mark.parametrize("noted", [True, False])
+def test_pages_another_helper_is_reading_are_evicted_last(policy: str, noted: bool) -> None:
+    """``note_reading`` (a reader helper is about to restore these pages): under the saves that land meanwhile, the
+    chain being read stays whole and a chain saved after it goes first, under either policy (the pages are only
+    made most recent, not protected). Control: not noted, the older chain being read is the first victim."""
+    s, filler = _full_store(policy)
+    try:
+        a, b = _chain(4, 1), _chain(4, 50)
+        _save(s, a)
+        _save(s, b)
+        if noted:
+            assert s.note_reading([*a, b"x" * 32]) == 4  # a key it does not own is ignored
+            assert s.stats.reading_elsewhere == 4 and s._own.protected == 0
+        it = iter(filler)
+        while all(s.contains(a)) and all(s.contains(b)):
+            _save(s, [next(it)])
+        assert all(s.contains(a)) is noted and all(s.contains(b)) is not noted
+    finally:
+        s.close()

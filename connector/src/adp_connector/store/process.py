@@ -294,6 +294,11 @@ class StoreProcess:
         if not self._closed:
             self._send(("read_back", 0, [bytes(k) for k in keys], None))
 
+    def note_reading(self, keys: Sequence[bytes]) -> None:
+        """Tell the helper that another one is about to read ``keys`` (:meth:`PageStore.note_reading`); no reply."""
+        if not self._closed:
+            self._send(("reading", 0, [bytes(k) for k in keys], None))
+
     def discard(self, keys: Iterable[bytes], timeout: float = 30.0) -> int:
         """Delete own pages; returns how many were removed."""
         return int(self._call("discard", [bytes(k) for k in keys], timeout))
@@ -441,7 +446,9 @@ class StoreGroup:
     outstanding (in turn among equals), each with its own NVMe/TCP controller. A helper indexes other writers' pages
     through its refreshes, so pages saved since its last refresh may come back MISSING there: those are loaded again
     through the key's writer before the batch completes. The pages a helper read back for another writer are noted
-    to that writer (:meth:`StoreProcess.note_read_back`), whose eviction order counts them as read.
+    to that writer (:meth:`StoreProcess.note_read_back`), whose eviction order counts them as read; before a helper
+    reads a batch, its pages' writers are told (:meth:`StoreProcess.note_reading`), so that saves landing during the
+    restore evict other pages than the ones it reads.
     """
 
     def __init__(self, writer: StoreProcess, readers: list[StoreProcess],
@@ -571,8 +578,25 @@ class StoreGroup:
         idle = [m for m, n in zip(self._members, busy, strict=True) if n == least]
         return idle[turn % len(idle)]
 
+    def _note_reading(self, member: StoreProcess, keys: Sequence[bytes]) -> None:
+        """Name the pages ``member`` is about to read to their writers (other than ``member``), so that their saves
+        meanwhile evict other pages (a restore of the coldest session otherwise reads exactly the next victims)."""
+        by_writer: dict[int, list[bytes]] = {}
+        n = len(self.writers)
+        for k in keys:
+            by_writer.setdefault(save_owner(bytes(k), n), []).append(bytes(k))
+        for w, ks in by_writer.items():
+            if self.writers[w] is member:
+                continue  # a writer's own load ranks and pins its pages as it starts
+            try:
+                self.writers[w].note_reading(ks)
+            except Exception as exc:  # a lost notice costs an eviction rank, never the load
+                log.warning("ADP KV: telling writer %d about %d pages being read failed: %s", w, len(ks), exc)
+
     def load_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
         member = self._load_member()
+        if len(self.writers) > 1 or member is not self.writer:
+            self._note_reading(member, keys)
         first = member.load_batch(keys, buffers)
         if len(self.writers) == 1 and member is self.writer:
             return first
@@ -708,9 +732,9 @@ def _serve(conn: Connection, arena: memoryview, populator: ArenaPopulator | None
                 op, rid, keys, locs = conn.recv()
             except EOFError:
                 break
-            if op == "read_back":  # a notice: no reply
+            if op in ("read_back", "reading"):  # notices: no reply
                 if store is not None:
-                    store.note_read_back(keys)
+                    (store.note_read_back if op == "read_back" else store.note_reading)(keys)
                 continue
             if op in ("save", "load"):
                 bufs: list[Any] = []

@@ -225,6 +225,16 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         self.stats.add(read_back_elsewhere=len(own))
         return len(own)
 
+    def note_reading(self, keys: Sequence[bytes]) -> int:
+        """Own pages among ``keys`` (one load batch) that another process is about to read: made the most recent of
+        their class (the head of the batch last), so that saves landing meanwhile evict other pages than those a
+        restore is reading. Returns how many were own."""
+        with self._lock:
+            own = [k for k in keys if k in self._own]
+            self._own.touch(reversed(own))
+        self.stats.add(reading_elsewhere=len(own))
+        return len(own)
+
     def discard(self, keys: Iterable[bytes]) -> int:
         """Delete own pages (commits a tombstone); returns how many were removed. Others' pages are ignored."""
         n = self._drop_own(list(keys))
