@@ -30,7 +30,7 @@ mkdir -p $R
 export TMPDIR=/dev/shm
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; lscpu | grep "Model name"; free -g;
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)";
-  python3 -m pip list 2>/dev/null | grep -iE '^(nvidia|cuda|torch|triton)'; } \
+  env -u PYTHONPATH python3 -m pip list 2>/dev/null | grep -iE '^(nvidia|cuda|torch|triton)'; } \
   > $R/host.txt 2>&1
 v="bash $root/scripts/gpu/validate.sh"
 A8="--agents 8 --turns 4 --target-workers 8 --card-bytes 64G"
