@@ -1003,6 +1003,11 @@ def test_a_local_hit_is_neither_looked_up_nor_walked_for_saves(monkeypatch: pyte
             kv_connector_worker_meta=SimpleNamespace(failed_saves=[b"gone"], failed_loads=(), lost=())))
         assert turn("b", 8, [1, 2, 3, 6]) == [6]  # the same saves: blocks 0-2 are on the card
         assert derived == [3, 0, 1, 2, 3]  # control: the local blocks walked (saved moments ago: not asked about)
+        side = sched.scheduler_side
+        side._resave_until = 0.0
+        monkeypatch.setattr(side, "link", SimpleNamespace(store=None))  # the target unreachable
+        side.build_connector_meta(_sched_out("x", 1, [9]))  # a step whose blocks go unsaved
+        assert side._resave_until > time.monotonic()  # local hits over them walk them again once it is back
     finally:
         worker.shutdown()
         sched.shutdown()

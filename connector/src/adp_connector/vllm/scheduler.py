@@ -84,7 +84,8 @@ class SchedulerSide:
         # rid -> tokens of its local prefix-cache hit at admission: those blocks were computed (and their saves
         # planned) by an earlier request, so neither the lookup nor the save planning walks them again
         self._local_hit: dict[str, int] = {}
-        self._resave_until = 0.0  # a save failed lately: admitted requests re-check their local blocks until then
+        # a save failed or was not planned (no store) lately: admitted requests re-check their local blocks until then
+        self._resave_until = 0.0
         self._lost_gen = 0  # bumped whenever the workers report keys gone: a reused answer may not hide them
         self.policy = (RestorePolicy(prior_bytes_per_s=cfg.restore_prior_gbps * 1e9)
                        if cfg.restore_policy == "auto" else None)
@@ -302,6 +303,8 @@ class SchedulerSide:
         else:
             bs_state = getattr(scheduler_output, "kv_connector_block_state", None)
         store = self.link.store
+        if self.cfg.save and store is None:  # blocks computed now go unsaved: later local hits walk them again
+            self._resave_until = time.monotonic() + RECENT_SAVE_TTL_S
         if not self.cfg.save or store is None or bs_state is None:
             return meta
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens or {}
