@@ -203,41 +203,23 @@ def test_eviction_options_are_validated() -> None:
         StoreConfig(protected_share=1.5)
 
 
+@pytest.mark.parametrize(("notice", "policy"), [("read_back", "slru"), ("reading", "slru"), ("reading", "lru")])
 @pytest.mark.parametrize("noted", [True, False])
-def test_pages_read_back_elsewhere_are_kept_like_own_load_hits(noted: bool) -> None:
-    """``note_read_back`` (another helper of the engine served the load) protects the pages as a load hit here would:
-    under pressure the noted chain stays whole while a chain saved after it goes first. Control: not noted, the
-    older chain goes first."""
-    s, filler = _full_store("slru")
-    try:
-        a, b = _chain(4, 1), _chain(4, 50)
-        _save(s, a)
-        _save(s, b)
-        if noted:
-            assert s.note_read_back([*a, b"x" * 32]) == 4  # a key it does not own is ignored
-            assert s.stats.read_back_elsewhere == 4
-        it = iter(filler)
-        while all(s.contains(a)) and all(s.contains(b)):
-            _save(s, [next(it)])
-        assert all(s.contains(a)) is noted and all(s.contains(b)) is not noted
-    finally:
-        s.close()
-
-
-@pytest.mark.parametrize("policy", ["slru", "lru"])
-@pytest.mark.parametrize("noted", [True, False])
-def test_pages_another_helper_is_reading_are_evicted_last(policy: str, noted: bool) -> None:
-    """``note_reading`` (a reader helper is about to restore these pages): under the saves that land meanwhile, the
-    chain being read stays whole and a chain saved after it goes first, under either policy (the pages are only
-    made most recent, not protected). Control: not noted, the older chain being read is the first victim."""
+def test_pages_another_helper_reads_are_evicted_last(notice: str, policy: str, noted: bool) -> None:
+    """The notices of a group's other helpers: ``note_read_back`` (they served a load) protects the pages as a load
+    hit here would; ``note_reading`` (they are about to read them) makes them the most recent, protecting nothing,
+    under either policy. Under pressure the noted chain stays whole while a chain saved after it goes first.
+    Control: not noted, the older chain goes first."""
     s, filler = _full_store(policy)
     try:
         a, b = _chain(4, 1), _chain(4, 50)
         _save(s, a)
         _save(s, b)
         if noted:
-            assert s.note_reading([*a, b"x" * 32]) == 4  # a key it does not own is ignored
-            assert s.stats.reading_elsewhere == 4 and s._own.protected == 0
+            note = s.note_read_back if notice == "read_back" else s.note_reading
+            assert note([*a, b"x" * 32]) == 4  # a key it does not own is ignored
+            assert getattr(s.stats, f"{notice}_elsewhere") == 4
+            assert s._own.protected == (4 if notice == "read_back" else 0)
         it = iter(filler)
         while all(s.contains(a)) and all(s.contains(b)):
             _save(s, [next(it)])
