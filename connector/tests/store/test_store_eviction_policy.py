@@ -226,3 +226,25 @@ def test_pages_another_helper_reads_are_evicted_last(notice: str, policy: str, n
         assert all(s.contains(a)) is noted and all(s.contains(b)) is not noted
     finally:
         s.close()
+
+
+def test_take_evicted_names_each_evicted_page_once() -> None:
+    """``take_evicted`` returns the own pages evicted since the last call: exactly those no longer stored, once.
+    Control: a store that has not evicted returns nothing."""
+    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1))
+    try:
+        first = _chain(4, 1)
+        _save(s, first)
+        assert s.take_evicted() == []  # control
+        filler = _chain(200, 100_000)
+        saved, it = list(first), iter(filler)
+        while s.stats.evictions < 6:
+            k = next(it)
+            _save(s, [k])
+            saved.append(k)
+        taken = s.take_evicted()
+        gone = {bytes(k) for k, present in zip(saved, s.contains(saved), strict=True) if not present}
+        assert {bytes(k) for k in taken} == gone
+        assert len(taken) == s.stats.evictions and s.take_evicted() == []
+    finally:
+        s.close()

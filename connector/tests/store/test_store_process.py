@@ -358,3 +358,31 @@ def test_arena_populate_falls_back_with_one_warning_on_a_kernel_without_the_advi
         assert len(lines) == 1 and "Invalid argument" in lines[0]
     finally:
         a.close()
+
+
+def test_pages_a_helper_evicts_come_back_with_its_saves(target, arena) -> None:
+    """Saves past the card's capacity evict the oldest pages; the keys evicted come back with the saves' results
+    (``take_evicted``), exactly the saved keys the helper no longer has, each once. Control: before the first
+    eviction there is nothing to take."""
+    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg(), arena)
+    try:
+        view = memoryview(arena.map)
+        bufs = [view[i * PAGE:(i + 1) * PAGE] for i in range(4)]
+        saved: list[bytes] = []
+        taken: list[bytes] = []
+        n = 0
+        while sp.stats()["evictions"] < 8:
+            keys = [(n + i).to_bytes(4, "little") * 8 for i in range(4)]
+            n += 4
+            assert all(r.ok for r in sp.save_batch(keys, bufs).wait(20))
+            saved += keys
+            got = sp.take_evicted()
+            if sp.stats()["evictions"] == 0:
+                assert got == []  # control: nothing before the first eviction
+            taken += got
+        assert sp.take_evicted() == []
+        gone = {bytes(k) for k, present in zip(saved, sp.contains(saved), strict=True) if not present}
+        assert len(taken) == len({bytes(k) for k in taken}) and {bytes(k) for k in taken} == gone and len(gone) >= 8
+        view.release()
+    finally:
+        sp.close()

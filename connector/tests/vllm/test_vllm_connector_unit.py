@@ -887,6 +887,32 @@ def test_a_page_found_gone_is_not_offered_again_and_is_saved_again() -> None:
 
 
 @native_contract
+def test_pages_the_workers_saves_evicted_are_not_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pages a worker's saves evicted (its store's ``take_evicted``) reach the scheduler with the next step's
+    worker metadata, which then stops offering them though its index, refreshed every ``refresh_interval_s``, still
+    lists them. The control: before that report the same lookup offers the hit."""
+    tgt, sched, worker = _target_and_halves(io_process=True, min_load_tokens=0)
+    try:
+        worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+        hashes = _cold_save(sched, worker)
+        keys = [bytes(k) for k in sched.link.store.indexed_keys()]
+        assert len(keys) == 3
+        reported = iter([keys[1:], []])  # blocks 1-2 evicted by the worker's saves (block 0 stays)
+        monkeypatch.setattr(worker.link.store, "take_evicted", lambda: next(reported))
+        assert sched.get_num_new_matched_tokens(_request("r2", hashes, 13), 0) == (12, True)  # control
+        wm = worker.build_connector_worker_meta()
+        assert wm is not None and sorted(wm.lost) == sorted(keys[1:])
+        sched.update_connector_output(SimpleNamespace(failed_recving=set(), finished_recving=set(),
+                                                      kv_connector_worker_meta=wm))
+        assert sched.get_num_new_matched_tokens(_request("r3", hashes, 13), 0) == (4, True)  # block 0 only
+        assert worker.build_connector_worker_meta() is None  # nothing new to report
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
+@native_contract
 def test_nothing_stored_is_saved_again() -> None:
     """The same block filled by two requests in one step is saved once; re-plans of a request, and requests that
     compute blocks already on the card, save nothing; after a failed restore only the pages the card did not serve

@@ -35,6 +35,10 @@ class Store(Protocol):
         """Drop this writer's own pages of ``keys``; returns how many were removed."""
         ...
 
+    def take_evicted(self) -> list[bytes]:
+        """Own pages evicted since the last call (to tell an index that may still list them)."""
+        ...
+
     def close(self, release: bool = True) -> None:
         """Stop the store (``release``: hand the writer lease back)."""
         ...

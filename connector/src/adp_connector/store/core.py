@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -215,6 +216,7 @@ class StoreCore:
     _table_digests: dict[int, bytes]
     _inflight: dict[bytes, threading.Event]  # key -> set when the batch saving it has finished
     _pins: dict[tuple[int, int], int]
+    _evicted_keys: deque[bytes]
     _doomed: dict[tuple[int, int], Loc]
     _partition: int | None
     _segs: dict[int, OwnSegment]

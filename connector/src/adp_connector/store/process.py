@@ -186,6 +186,7 @@ class StoreProcess:
         self.info = info
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
+        self._evicted: list[bytes] = []  # own pages the helper's saves evicted, until take_evicted
         self._next = 1
         self._pending: dict[int, tuple[BatchHandle | None, list[tuple[int, Any]], list[bytes]]] = {}
         self._replies: dict[int, Any] = {}
@@ -294,6 +295,13 @@ class StoreProcess:
         if not self._closed:
             self._send(("read_back", 0, [bytes(k) for k in keys], None))
 
+    def take_evicted(self) -> list[bytes]:
+        """The helper's own pages evicted by the saves completed since the last call (they come back with each
+        save's results; :meth:`PageStore.take_evicted`)."""
+        with self._lock:
+            keys, self._evicted = self._evicted, []
+        return keys
+
     def note_reading(self, keys: Sequence[bytes]) -> None:
         """Tell the helper that another one is about to read ``keys`` (:meth:`PageStore.note_reading`); no reply."""
         if not self._closed:
@@ -367,6 +375,12 @@ class StoreProcess:
                     h._set([PageResult(k, PageStatus.ERROR, 0, str(payload)) for k in _keys])
                     continue
                 results = [PageResult(k, PageStatus(s), n, d) for k, s, n, d in payload]
+                if h.kind == "save":
+                    if extra:
+                        with self._lock:
+                            self._evicted.extend(extra)
+                    h._set(results)
+                    continue
                 for (_, mv), data in zip(outside, extra or (), strict=False):
                     if data is not None:
                         mv[:len(data)] = data
@@ -578,6 +592,10 @@ class StoreGroup:
         idle = [m for m, n in zip(self._members, busy, strict=True) if n == least]
         return idle[turn % len(idle)]
 
+    def take_evicted(self) -> list[bytes]:
+        """Pages the group's writers evicted since the last call."""
+        return [k for w in self.writers for k in w.take_evicted()]
+
     def _note_reading(self, member: StoreProcess, keys: Sequence[bytes]) -> None:
         """Name the pages ``member`` is about to read to their writers (other than ``member``), so that their saves
         meanwhile evict other pages (a restore of the coldest session otherwise reads exactly the next victims)."""
@@ -723,7 +741,9 @@ def _serve(conn: Connection, arena: memoryview, populator: ArenaPopulator | None
         except Exception as exc:
             send(("error", rid, repr(exc), None))
             return
-        data = [bytes(buf[:res[i].nbytes]) if res[i].ok else None for i, buf in inline] if inline else None
+        data: Any = [bytes(buf[:res[i].nbytes]) if res[i].ok else None for i, buf in inline] if inline else None
+        if h.kind == "save" and store is not None:
+            data = store.take_evicted()  # what this save's allocations evicted rides back with its results
         send(("done", rid, [(r.key, r.status.value, r.nbytes, r.detail) for r in res], data))
 
     try:

@@ -48,6 +48,7 @@ class SpaceMixin(StoreCore):
             self._clear_entry(loc)
             self._release(loc)
             evicted.setdefault(loc.segment, []).append(loc.slot)
+            self._evicted_keys.append(victim)
             self.stats.add(evictions=1)
 
     def _clear_entry(self, loc: Loc) -> None:

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 
@@ -43,6 +44,7 @@ from .segments import SegmentMixin
 from .space import SpaceMixin
 
 log = logging.getLogger(__name__)
+EVICTED_KEYS_KEPT = 1 << 16  # evicted own keys kept for take_evicted (a full deque drops the oldest)
 _REFRESH_DUTY = 0.02  # background index refreshes take at most this share of the time (see _background)
 
 
@@ -102,6 +104,7 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         self._refresh_lock = threading.Lock()
         self._lease_lock = threading.Lock()
         self._own = OwnPages(cfg.eviction, cfg.protected_share)
+        self._evicted_keys: deque[bytes] = deque(maxlen=EVICTED_KEYS_KEPT)  # own pages evicted, until taken
         self._foreign: dict[bytes, Loc] = {}
         self._foreign_parts: dict[int, dict[bytes, Loc]] = {}
         self._table_digests: dict[int, bytes] = {}  # segment -> digest of its slot table at the last refresh
@@ -224,6 +227,14 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
             self._own.read_back(reversed(own))  # the head of the batch ends most recent
         self.stats.add(read_back_elsewhere=len(own))
         return len(own)
+
+    def take_evicted(self) -> list[bytes]:
+        """Own pages evicted since the last call (at most ``EVICTED_KEYS_KEPT``, the newest): a reader's index may
+        list them until its next refresh, so their owner reports them to whoever offers hits from one."""
+        with self._lock:
+            keys = list(self._evicted_keys)
+            self._evicted_keys.clear()
+        return keys
 
     def note_reading(self, keys: Sequence[bytes]) -> int:
         """Own pages among ``keys`` (one load batch) that another process is about to read: made the most recent of

@@ -221,11 +221,16 @@ class WorkerSide:
             self.saves.save(store, gid, refs, origin)
 
     def build_worker_meta(self) -> ADPWorkerMetadata | None:
-        """Keys whose save failed since the last step (device full, target gone...): saved again later."""
+        """Keys whose save failed since the last step (device full, target gone...): saved again later; keys the
+        card no longer has: those restores missed, and (rank 0, whose keys are the scheduler's) the pages this
+        worker's saves evicted, which the scheduler's index lists until its next refresh."""
         keys = self.saves.take_failed_keys() if self.saves is not None else []
+        store = self.link.store
+        evicted = store.take_evicted() if store is not None and self.tp_rank == 0 else []
         with self._lock:
             reqs, self._failed_load_reqs = self._failed_load_reqs, []
             lost, self._lost = self._lost, []
+        lost.extend(evicted)
         return ADPWorkerMetadata(keys, reqs, lost) if keys or reqs or lost else None
 
     def close(self) -> None:
