@@ -28,13 +28,14 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 from ..device import Buffer
 from .results import BatchHandle, PageResult, PageStatus
-from .store import PageStore, StoreConfig
+from .store import EVICTED_KEYS_KEPT, PageStore, StoreConfig
 
 log = logging.getLogger("adp_connector.store.process")
 
@@ -186,7 +187,9 @@ class StoreProcess:
         self.info = info
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._evicted: list[bytes] = []  # own pages the helper's saves evicted, until take_evicted
+        # own pages the helper's saves evicted, until take_evicted (bounded like the helper's own: a user that never
+        # takes them keeps only the newest)
+        self._evicted: deque[bytes] = deque(maxlen=EVICTED_KEYS_KEPT)
         self._next = 1
         self._pending: dict[int, tuple[BatchHandle | None, list[tuple[int, Any]], list[bytes]]] = {}
         self._replies: dict[int, Any] = {}
@@ -299,7 +302,8 @@ class StoreProcess:
         """The helper's own pages evicted by the saves completed since the last call (they come back with each
         save's results; :meth:`PageStore.take_evicted`)."""
         with self._lock:
-            keys, self._evicted = self._evicted, []
+            keys = list(self._evicted)
+            self._evicted.clear()
         return keys
 
     def note_reading(self, keys: Sequence[bytes]) -> None:

@@ -76,7 +76,7 @@ class SchedulerSide:
         self.tables = BlockTables()  # vLLM 0.26 only
         self._meta_load_blocks: dict[str, list[int]] = {}
         self._meta_hashes: dict[bytes, bytes] = {}  # TP > 1: key -> block hash of the keys planned for this step
-        self._key_cache: dict[str, dict[int, list[bytes | None]]] = {}  # rid -> group -> block keys (None: not derived)
+        self._key_cache: dict[str, dict[int, dict[int, bytes]]] = {}  # rid -> group -> block index -> key
         # rid -> (when, max_tokens, local hit, lost generation, presence by group) of its last lookup: vLLM asks
         # again every step a request waits (for blocks, or behind others), and each ask is a round trip to the
         # lookup helper
@@ -171,21 +171,15 @@ class SchedulerSide:
     def _lookup_keys(self, rid: str, g: GroupLayout, hashes: list, first: int, nblk: int) -> list[bytes]:
         """Keys of ``g``'s blocks ``first..nblk`` (fewer if their hashes are not known yet), each derived once per
         request: vLLM asks again every step a request waits, and a long prompt has thousands of blocks."""
-        cache = self._key_cache.setdefault(rid, {}).setdefault(g.group_id, [])
-        if len(cache) < first:
-            cache.extend([None] * (first - len(cache)))
+        cache = self._key_cache.setdefault(rid, {}).setdefault(g.group_id, {})
         out: list[bytes] = []
         for j in range(first, nblk):
-            key = cache[j] if j < len(cache) else None
+            key = cache.get(j)
             if key is None:
                 derived = self.namer.key(g, hashes, j)
                 if derived is None:
                     break
-                key = bytes(derived)
-                if j < len(cache):
-                    cache[j] = key
-                else:
-                    cache.append(key)
+                key = cache[j] = bytes(derived)
             out.append(key)
         return out
 
