@@ -47,6 +47,10 @@ class _Store:
 
     def __init__(self) -> None:
         self.batches: list[_Batch] = []
+        self.reading: list[bytes] = []
+
+    def note_reading(self, keys: list[bytes]) -> None:
+        self.reading += keys
 
     def load_batch(self, keys: list[bytes], bufs: list) -> _Batch:
         b = _Batch(list(keys), bufs)
@@ -89,6 +93,16 @@ def test_the_oldest_restore_gets_the_slabs_and_finishes_first() -> None:
         assert int(kv[i, 0]) == 10 + i and bool((kv[i] == 10 + i).all())
     for i in range(4):
         assert int(kv[8 + i, 0]) == 20 + i
+
+
+def test_a_restore_names_all_its_pages_before_its_first_batch() -> None:
+    """The store hears of every page of a restore when it starts, ahead of the saves that follow, although its later
+    batches wait for slabs (on a full card those saves would evict exactly the pages still to be read). The
+    control: the batches submitted at that point hold only the first pages."""
+    _, pipe, store = _setup(max_inflight=2)
+    pipe.start(_job("A", 10, 6, 0), store)
+    assert store.reading == [bytes([10 + i]) * 8 for i in range(6)]
+    assert sum(len(b.keys) for b in store.batches) == 4  # control: two batches of two pages so far
 
 
 def test_without_a_cap_a_later_restore_takes_slabs_while_an_older_one_waits() -> None:

@@ -206,8 +206,8 @@ def test_eviction_options_are_validated() -> None:
 @pytest.mark.parametrize(("notice", "policy"), [("read_back", "slru"), ("reading", "slru"), ("reading", "lru")])
 @pytest.mark.parametrize("noted", [True, False])
 def test_pages_another_helper_reads_are_evicted_last(notice: str, policy: str, noted: bool) -> None:
-    """The notices of a group's other helpers: ``note_read_back`` (they served a load) protects the pages as a load
-    hit here would; ``note_reading`` (they are about to read them) makes them the most recent, protecting nothing,
+    """The notices: ``note_read_back`` (another helper served a load) protects the pages as a load hit here would;
+    ``note_reading`` (a restore is about to read them) makes them the most recent, protecting nothing,
     under either policy. Under pressure the noted chain stays whole while a chain saved after it goes first.
     Control: not noted, the older chain goes first."""
     s, filler = _full_store(policy)
@@ -218,7 +218,7 @@ def test_pages_another_helper_reads_are_evicted_last(notice: str, policy: str, n
         if noted:
             note = s.note_read_back if notice == "read_back" else s.note_reading
             assert note([*a, b"x" * 32]) == 4  # a key it does not own is ignored
-            assert getattr(s.stats, f"{notice}_elsewhere") == 4
+            assert (s.stats.read_back_elsewhere if notice == "read_back" else s.stats.reading_noted) == 4
             assert s._own.protected == (4 if notice == "read_back" else 0)
         it = iter(filler)
         while all(s.contains(a)) and all(s.contains(b)):

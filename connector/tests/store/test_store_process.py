@@ -197,9 +197,9 @@ def test_group_spreads_loads_and_reloads_what_a_reader_has_not_indexed(target, a
 
 
 def test_group_names_pages_a_reader_read_back_to_their_writer(target, arena) -> None:
-    """Restores a reader helper serves reach the writer's eviction order: the writer is told before the read
-    (``reading_elsewhere``) and counts the pages as read back after it (``read_back_elsewhere``); pages the writer
-    loads itself are its own load hits, not notices (the control)."""
+    """Restores a reader helper serves reach the writer's eviction order: the writer counts the pages as read back
+    (``read_back_elsewhere``); pages the writer loads itself are its own load hits, not notices (the control). Pages
+    named as about to be read (``note_reading``) reach the writer whichever helper reads them (``reading_noted``)."""
     from adp_connector.store.process import StoreGroup
 
     g = StoreGroup.start(Controller.connect, (_host(target),), _cfg(), arena, readers=1)
@@ -213,7 +213,7 @@ def test_group_names_pages_a_reader_read_back_to_their_writer(target, arena) -> 
         into = [view[(4 + i) * PAGE:(5 + i) * PAGE] for i in range(4)]
         g._load_member = lambda: g.writer  # type: ignore[method-assign]
         assert all(r.ok for r in g.load_batch(keys, into).wait(20))
-        assert g.writer.stats()["read_back_elsewhere"] == 0 and g.writer.stats()["reading_elsewhere"] == 0
+        assert g.writer.stats()["read_back_elsewhere"] == 0
         g._load_member = lambda: g.readers[0]  # type: ignore[method-assign]
         assert all(r.ok for r in g.load_batch(keys[:3], into[:3]).wait(20))
         assert g.readers[0].stats()["pages_loaded"] == 3
@@ -221,7 +221,12 @@ def test_group_names_pages_a_reader_read_back_to_their_writer(target, arena) -> 
         while g.writer.stats()["read_back_elsewhere"] < 3 and time.monotonic() < deadline:
             time.sleep(0.02)  # a notice, sent after the batch completed
         assert g.writer.stats()["read_back_elsewhere"] == 3
-        assert g.writer.stats()["reading_elsewhere"] == 3  # its notice was sent before the read
+        assert g.writer.stats()["reading_noted"] == 0  # loads alone name nothing as about to be read
+        g.note_reading([*keys, b"x" * 32])  # a key the writer does not own is ignored
+        deadline = time.monotonic() + 10
+        while g.writer.stats()["reading_noted"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)  # a notice: no reply
+        assert g.writer.stats()["reading_noted"] == 4
         view.release()
     finally:
         g.close()
@@ -261,7 +266,8 @@ def test_group_sends_loads_past_a_writer_busy_with_saves() -> None:
     for _ in range(6):
         assert [r.status for r in g.load_batch([b"k" * 32], [bytearray(1)]).wait(1)] == [PageStatus.OK]
     assert writer.loads == 0 and r1.loads == 3 and r2.loads == 3
-    assert writer.reading == [b"k" * 32] * 6  # each read named to the pages' writer first
+    g.note_reading([b"k" * 32, b"j" * 32])
+    assert writer.reading == [b"k" * 32, b"j" * 32]  # pages about to be read: named to their writer
     assert not hasattr(r1, "reading") and not hasattr(r2, "reading")  # readers own no pages: never told
     writer.outstanding = 0
     for _ in range(6):

@@ -146,6 +146,9 @@ class RestorePipeline:
             for gid, idxs in by_group.items():
                 per = max(1, self.pool.slab_bytes // self.page_bytes[gid])
                 job.chunks.extend(LoadChunk(gid, idxs[s0:s0 + per]) for s0 in range(0, len(idxs), per))
+            # every page of the restore at once, ahead of the saves that follow: its later chunks wait for slabs,
+            # and on a full card those saves would evict exactly the oldest pages, the ones a restore reads
+            store.note_reading([k for _, _, k in job.pages])
             self._feed(store)
 
     def run_driver(self, store_of: Callable[[], Store | None],

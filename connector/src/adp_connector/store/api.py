@@ -35,6 +35,10 @@ class Store(Protocol):
         """Drop this writer's own pages of ``keys``; returns how many were removed."""
         ...
 
+    def note_reading(self, keys: Sequence[bytes]) -> int | None:
+        """A hint: ``keys`` are about to be read, so their writer evicts other pages first (no reply needed)."""
+        ...
+
     def take_evicted(self) -> list[bytes]:
         """Own pages evicted since the last call (to tell an index that may still list them)."""
         ...

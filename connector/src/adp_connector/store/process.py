@@ -307,7 +307,8 @@ class StoreProcess:
         return keys
 
     def note_reading(self, keys: Sequence[bytes]) -> None:
-        """Tell the helper that another one is about to read ``keys`` (:meth:`PageStore.note_reading`); no reply."""
+        """Tell the helper that ``keys`` are about to be read (:meth:`PageStore.note_reading`); no reply, and it
+        reaches the helper ahead of any save sent after it."""
         if not self._closed:
             self._send(("reading", 0, [bytes(k) for k in keys], None))
 
@@ -464,9 +465,8 @@ class StoreGroup:
     outstanding (in turn among equals), each with its own NVMe/TCP controller. A helper indexes other writers' pages
     through its refreshes, so pages saved since its last refresh may come back MISSING there: those are loaded again
     through the key's writer before the batch completes. The pages a helper read back for another writer are noted
-    to that writer (:meth:`StoreProcess.note_read_back`), whose eviction order counts them as read; before a helper
-    reads a batch, its pages' writers are told (:meth:`StoreProcess.note_reading`), so that saves landing during the
-    restore evict other pages than the ones it reads.
+    to that writer (:meth:`StoreProcess.note_read_back`), whose eviction order counts them as read;
+    :meth:`note_reading` names a restore's pages to their writers before its batches are read.
     """
 
     def __init__(self, writer: StoreProcess, readers: list[StoreProcess],
@@ -600,25 +600,18 @@ class StoreGroup:
         """Pages the group's writers evicted since the last call."""
         return [k for w in self.writers for k in w.take_evicted()]
 
-    def _note_reading(self, member: StoreProcess, keys: Sequence[bytes]) -> None:
-        """Name the pages ``member`` is about to read to their writers (other than ``member``), so that their saves
-        meanwhile evict other pages (a restore of the coldest session otherwise reads exactly the next victims)."""
+    def note_reading(self, keys: Sequence[bytes]) -> None:
+        """Name pages about to be read to their writers (:meth:`StoreProcess.note_reading`), whichever helper will
+        read them."""
         by_writer: dict[int, list[bytes]] = {}
         n = len(self.writers)
         for k in keys:
             by_writer.setdefault(save_owner(bytes(k), n), []).append(bytes(k))
         for w, ks in by_writer.items():
-            if self.writers[w] is member:
-                continue  # a writer's own load ranks and pins its pages as it starts
-            try:
-                self.writers[w].note_reading(ks)
-            except Exception as exc:  # a lost notice costs an eviction rank, never the load
-                log.warning("ADP KV: telling writer %d about %d pages being read failed: %s", w, len(ks), exc)
+            self.writers[w].note_reading(ks)
 
     def load_batch(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> BatchHandle:
         member = self._load_member()
-        if len(self.writers) > 1 or member is not self.writer:
-            self._note_reading(member, keys)
         first = member.load_batch(keys, buffers)
         if len(self.writers) == 1 and member is self.writer:
             return first

@@ -100,7 +100,7 @@ class StoreStats:
     io_errors: int = 0          # failed device commands (reads, writes, flushes)
     evictions: int = 0
     read_back_elsewhere: int = 0  # own pages another helper of the engine read back (note_read_back)
-    reading_elsewhere: int = 0  # own pages another helper was asked to read (note_reading): made most recent
+    reading_noted: int = 0  # own pages named as about to be read (note_reading): made most recent
     discards: int = 0
     lease_lost: int = 0
     segments_claimed: int = 0   # segments won by claims (free, released or of expired writers)

@@ -237,13 +237,13 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         return keys
 
     def note_reading(self, keys: Sequence[bytes]) -> int:
-        """Own pages among ``keys`` (one load batch) that another process is about to read: made the most recent of
-        their class (the head of the batch last), so that saves landing meanwhile evict other pages than those a
-        restore is reading. Returns how many were own."""
+        """Own pages among ``keys`` (a restore, in its order) that are about to be read, here or by another helper:
+        made the most recent of their class (the head last), so that saves landing before and during their reads
+        evict other pages. Returns how many were own."""
         with self._lock:
             own = [k for k in keys if k in self._own]
             self._own.touch(reversed(own))
-        self.stats.add(reading_elsewhere=len(own))
+        self.stats.add(reading_noted=len(own))
         return len(own)
 
     def discard(self, keys: Iterable[bytes]) -> int:
