@@ -177,3 +177,13 @@ def test_programs_are_sized_to_the_longest_run() -> None:
     assert (small.block, small.num_warps) == (64, 1)  # 512-byte runs: 64 words, one program each
     big = FusedPageCopy([Run(4096, 1 << 20, 0, 32768), Run(40960, 1 << 20, 32768, 8)], 32776, torch.device("cpu"))
     assert (big.block, big.num_warps, big.max_words) == (1024, 4, 4096)  # 32 KiB K/V runs: 4 programs each
+
+
+def test_a_group_with_nothing_in_its_pages_is_skipped_when_kernels_are_prepared() -> None:
+    """A group of drafter layers only is registered with no rows (never saved nor restored): preparing the copy
+    kernels passes over it (GPU run 19, vLLM 0.33: IndexError on such a group stopped the engine at start-up)."""
+    kv = PagedKV({0: _group(), 1: []})
+    kv.prepare()
+    assert 1 not in kv.copy_paths and kv.copy_paths[0] == "per_layer: the KV cache is not on a GPU"
+    with pytest.raises(IndexError):  # control: the group itself has no device to build a kernel for
+        kv.fused(1)

@@ -93,10 +93,28 @@ def test_deepseek_v3_mtp_drafter_layer_stored_or_zero_filled() -> None:
         "mtp.layers.0.self_attn.attn"}
 
 
-def test_eagle_group_never_persisted_nor_limits_hits() -> None:
-    gs = describe_groups(_cfg((["model.layers.0.self_attn.attn"], _full()), (["draft.attn"], _full(), True)))
+def test_drafter_only_group_never_persisted_nor_limits_hits() -> None:
+    cfg = _cfg((["model.layers.0.self_attn.attn"], _full()), (["draft.attn"], _full(), True))
+    gs = describe_groups(cfg, {"draft.attn"})
     assert gs[1].kind is GroupKind.VOLATILE and not gs[1].persists
     assert best_hit(gs, {0: [True] * 9}, 1199) == 1152
+
+
+def test_a_target_group_flagged_eagle_keeps_its_pages() -> None:
+    """vLLM 0.33 flags the group that holds a drafter's layers (``is_eagle_group``); with DeepSeek MTP that is the
+    target's own group. It stays a persisted group with the MTP layer as a drafter role (GPU run 19 on 0.33: taken
+    for a drafter-only group, it had 0 bytes per page and the engine failed at start-up)."""
+    layers = [f"model.layers.{i}.self_attn.attn" for i in range(5)]  # 4 target layers and the MTP layer
+    cfg = _cfg((layers, _full(), True))
+    (g,) = describe_groups(cfg, drafter_layer_names(layers, 4, has_drafter=True))
+    assert g.kind is GroupKind.FULL and g.persists and g.page_bytes == 5 * 65536
+    assert [la.role for la in g.layers] == [LayerRole.KV] * 4 + [LayerRole.DRAFTER]
+    assert g.stores_drafter
+    (z,) = describe_groups(cfg, {layers[4]}, store_drafters=False)
+    assert z.kind is GroupKind.FULL and z.page_bytes == 4 * 65536
+    # control: without the drafter's name the flag alone changes nothing either (all five layers are the target's)
+    (n,) = describe_groups(cfg)
+    assert n.kind is GroupKind.FULL and not n.stores_drafter
 
 
 @native_specs

@@ -89,7 +89,9 @@ class PagedKV:
         first save or restore does not wait for it: block 0's bytes are gathered and written back in place (call
         it before the engine's first step, while nothing else writes the cache). A kernel that fails to build leaves
         its group on the per-layer path, logged."""
-        for gid in self.rows:
+        for gid, rows in self.rows.items():
+            if not rows:
+                continue  # a group with nothing in its pages (drafter layers only): never saved nor restored
             fused = self.fused(gid)
             if fused is None:
                 continue

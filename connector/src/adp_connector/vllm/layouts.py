@@ -31,8 +31,8 @@ latent + rope); under HMA the groups alias one pool; Mamba/GDN state as a raw in
   block's last slot was computed from the *next* token, which the block's key does not cover, so such a hit ends
   where the following block's page is stored too (vLLM drops the last block of a local hit for the same reason).
   Not stored (``store_drafters=False``): a restore zero-fills them (acceptance dips, target tokens never change)
-  and the pages are identical with speculation on or off. Groups made only of drafter layers (``is_eagle_group``)
-  are volatile: never persisted.
+  and the pages are identical with speculation on or off. Groups made only of drafter layers are
+  volatile: never persisted (vLLM's ``is_eagle_group`` says only that a group holds drafter layers).
 """
 
 from __future__ import annotations
@@ -173,10 +173,8 @@ def layer_role(name: str, spec: Any, drafter_layers: Iterable[str] = ()) -> Laye
     return LayerRole.KV
 
 
-def group_kind(spec: Any, is_eagle_group: bool = False) -> tuple[GroupKind, int]:
+def group_kind(spec: Any) -> tuple[GroupKind, int]:
     """(kind, trailing window in blocks) of a group spec."""
-    if is_eagle_group:
-        return GroupKind.VOLATILE, 0
     inner = getattr(spec, "kv_cache_specs", None)
     probe = next(iter(inner.values())) if isinstance(inner, dict) and inner else spec
     names = _mro_names(probe)
@@ -210,19 +208,24 @@ def describe_group(group_id: int, group: Any, drafter_layers: Iterable[str] = ()
     """The :class:`GroupLayout` of one ``KVCacheGroupSpec`` (``store_drafters``: drafter layers in the page)."""
     drafters = set(drafter_layers)
     spec = group.kv_cache_spec
-    kind, window = group_kind(spec, bool(getattr(group, "is_eagle_group", False)))
+    # ``is_eagle_group`` is not read: it flags the group that HOLDS the drafter's layers (vLLM 0.33 sets it when
+    # any layer is_draft, 0.32 for the group of the last layer), which with MTP is the target's own group
+    kind, window = group_kind(spec)
     if not getattr(group, "enable_kv_transfer", True):
         kind, window = GroupKind.UNSUPPORTED, 0
+    specs = list(_layer_specs(group))
+    roles = [layer_role(name, lspec, drafters) for name, lspec in specs]
+    if roles and all(r is LayerRole.DRAFTER for r in roles):
+        kind, window = GroupKind.VOLATILE, 0  # a group made only of drafter layers: never persisted
     layers = []
-    for name, lspec in _layer_specs(group):
-        role = LayerRole.DRAFTER if kind is GroupKind.VOLATILE else layer_role(name, lspec, drafters)
+    for (name, lspec), role in zip(specs, roles, strict=True):
         persisted = role is not LayerRole.DRAFTER or (store_drafters and kind is not GroupKind.VOLATILE)
         layers.append(LayerLayout(name, role, _real_page_bytes(lspec), persisted))
     inner = getattr(spec, "kv_cache_specs", None)
     probe = next(iter(inner.values())) if isinstance(inner, dict) and inner else spec
     replicated = kind is GroupKind.MLA or bool(getattr(probe, "tp_replicated", False))
     if kind is not GroupKind.VOLATILE and layers and all(not la.persisted for la in layers):
-        kind = GroupKind.VOLATILE  # a group made only of drafter layers
+        kind = GroupKind.VOLATILE
     return GroupLayout(group_id, kind, type(probe).__name__, int(spec.block_size), tuple(layers), window,
                        replicated)
 
