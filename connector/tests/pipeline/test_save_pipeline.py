@@ -202,3 +202,33 @@ def test_waiting_saves_let_restores_take_the_slabs_first() -> None:
         time.sleep(0.01)
     pipe.close(10)
     assert counters["pages_saved"] == 8 and counters["saves_dropped"] == 0
+
+
+class _FullCardStore(_KeepingStore):
+    """Declines every other page as a full card under ``frequency`` admission would."""
+
+    def save_batch(self, keys, buffers) -> BatchHandle:
+        h = BatchHandle("save", len(keys))
+        h._set([PageResult(bytes(k), PageStatus.OK if i % 2 == 0 else PageStatus.NOT_ADMITTED,
+                           len(memoryview(b).cast("B")) if i % 2 == 0 else 0)
+                for i, (k, b) in enumerate(zip(keys, buffers, strict=True))])
+        return h
+
+
+def test_pages_a_full_card_declines_are_counted_apart_and_reported_unsaved() -> None:
+    """A page the card does not admit is not an error nor a drop: counted in ``saves_not_admitted``, recorded in
+    the ledger as such (a restore that misses it names why), and reported unsaved so a later request that computes
+    it asks again."""
+    kv, _views = _kv("cpu")
+    pb = kv.page_bytes(0)
+    counters = Counters()
+    pipe = SavePipeline(kv, StagingPool(4 * pb, 64 * pb, pinned=False), counters, max_pending_bytes=1 << 30,
+                        slab_required=False)
+    refs = [(0, b, bytes([b]) * 32) for b in range(4)]
+    pipe.save(_FullCardStore(), 0, refs, {})
+    pipe.close(30)
+    assert counters["pages_saved"] == 2 and counters["saves_not_admitted"] == 2 and counters["save_errors"] == 0
+    assert sorted(pipe.take_failed_keys()) == [bytes([1]) * 32, bytes([3]) * 32]
+    outcome = pipe.ledger.get(bytes([1]) * 32)
+    assert outcome is not None and outcome[0].startswith("was not admitted")
+    assert pipe.ledger.get(bytes([0]) * 32)[0] == "committed"  # control: an admitted page of the same batch

@@ -8,9 +8,10 @@ PROCESS_NQN = "nqn.2026-11.io.awide:store-process-tests"  # the subsystem of con
 
 
 def fast_config(**kw: object) -> StoreConfig:
-    """A StoreConfig for tests: tiny claim settle, no background threads, few partitions."""
+    """A StoreConfig for tests: tiny claim settle, no background threads, few partitions, every new page admitted
+    into a full card (the eviction tests fill a card with pages asked for once; admission has its own tests)."""
     base: dict[str, object] = {"claim_settle_s": 0.01, "heartbeat_interval_s": 0, "partitions": 4,
-                               "avg_page_bytes": 16 << 10}
+                               "avg_page_bytes": 16 << 10, "admission": "always"}
     base.update(kw)
     return StoreConfig(**base)  # type: ignore[arg-type]
 

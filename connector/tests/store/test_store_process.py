@@ -25,8 +25,9 @@ def _host(t, **kw) -> HostConfig:
     return HostConfig(traddr=host, trsvcid=port, subnqn=NQN, io_queues=2, queue_depth=32, reconnect_delay=0.1, **kw)
 
 
-def _cfg() -> StoreConfig:
-    return StoreConfig(writer=True, writer_id=b"w" * 16, partitions=2, avg_page_bytes=PAGE, io_threads=2)
+def _cfg(admission: str = "frequency") -> StoreConfig:
+    return StoreConfig(writer=True, writer_id=b"w" * 16, partitions=2, avg_page_bytes=PAGE, io_threads=2,
+                       admission=admission)
 
 
 @pytest.fixture
@@ -369,8 +370,9 @@ def test_arena_populate_falls_back_with_one_warning_on_a_kernel_without_the_advi
 def test_pages_a_helper_evicts_come_back_with_its_saves(target, arena) -> None:
     """Saves past the card's capacity evict the oldest pages; the keys evicted come back with the saves' results
     (``take_evicted``), exactly the saved keys the helper no longer has, each once. Control: before the first
-    eviction there is nothing to take."""
-    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg(), arena)
+    eviction there is nothing to take. Every page is admitted (each is asked for once, so ``frequency`` admission
+    would keep the first ones and evict nothing)."""
+    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg("always"), arena)
     try:
         view = memoryview(arena.map)
         bufs = [view[i * PAGE:(i + 1) * PAGE] for i in range(4)]

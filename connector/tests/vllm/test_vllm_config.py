@@ -174,3 +174,16 @@ def test_eviction_option_reaches_the_store_choices() -> None:
     assert parse_config({}).eviction == "slru" and parse_config({"eviction": "lru"}).eviction == "lru"
     with pytest.raises(ConfigError, match=r"eviction'\] must be one of slru, lru, got 'fifo'"):
         parse_config({"eviction": "fifo"})
+
+
+def test_admission_option_reaches_the_store_choices() -> None:
+    from adp_connector.store.core import ADMISSION_POLICIES, StoreConfig
+    from adp_connector.vllm.config import ADMISSIONS
+
+    assert ADMISSIONS == ADMISSION_POLICIES
+    assert parse_config({}).admission == "frequency" == StoreConfig().admission
+    assert parse_config({"admission": "always"}).admission == "always"
+    with pytest.raises(ConfigError, match=r"admission'\] must be one of frequency, always, got 'lfu'"):
+        parse_config({"admission": "lfu"})
+    with pytest.raises(ValueError, match=r"StoreConfig\.admission must be one of frequency, always, got 'lfu'"):
+        StoreConfig(admission="lfu")

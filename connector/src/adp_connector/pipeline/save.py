@@ -322,17 +322,22 @@ class SavePipeline:
         except Exception:
             res = []
         ok = [r for r in res if r.status is PageStatus.OK]
-        bad = [r for r in res if r.status not in (PageStatus.OK, PageStatus.EXISTS)]
+        declined = [r for r in res if r.status is PageStatus.NOT_ADMITTED]
+        bad = [r for r in res if r.status not in (PageStatus.OK, PageStatus.EXISTS, PageStatus.NOT_ADMITTED)]
         self.ledger.record([bytes(r.key) for r in ok], "committed")
+        self.ledger.record([bytes(r.key) for r in declined], "was not admitted (the card is full of pages asked for "
+                           "at least as often)")
         for r in bad:
             self.ledger.record([bytes(r.key)], f"failed ({r.status.value}{': ' + r.detail if r.detail else ''})")
         took, nbytes_ok = time.monotonic() - t0, sum(r.nbytes for r in ok)
-        self.counters.add(saves=1, pages_saved=len(ok), bytes_saved=nbytes_ok, save_s=took, save_errors=len(bad))
+        self.counters.add(saves=1, pages_saved=len(ok), bytes_saved=nbytes_ok, save_s=took, save_errors=len(bad),
+                          saves_not_admitted=len(declined))
         if ok:
             self.counters.observe(save_seconds=took, save_bytes=nbytes_ok)
         with self._lock:
             # reported by the scheduler's (rank 0) key, which is what it schedules saves by
-            self._failed_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in bad)
+            # not stored: a later request that computes them asks again (which counts for their admission)
+            self._failed_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in bad + declined)
             for r in res:
                 self._origin.pop(bytes(r.key), None)
             self.pending_bytes -= nbytes

@@ -21,12 +21,14 @@ from .format import (
 from .results import StoreStats
 
 if TYPE_CHECKING:
+    from .admission import FrequencySketch
     from .recency import OwnPages
 
 log = logging.getLogger("adp_connector.store.store")  # the name the other store parts log under
 
 SCAN_CHUNK = 4 << 20  # bytes per read when scanning slot tables
 EVICTION_POLICIES = ("slru", "lru")  # StoreConfig.eviction (recency.py)
+ADMISSION_POLICIES = ("frequency", "always")  # StoreConfig.admission (admission.py)
 
 
 def check_eviction(policy: str, protected_share: float) -> None:
@@ -35,6 +37,12 @@ def check_eviction(policy: str, protected_share: float) -> None:
         raise ValueError(f"StoreConfig.eviction must be one of {', '.join(EVICTION_POLICIES)}, got {policy!r}")
     if not 0.0 <= protected_share <= 1.0:
         raise ValueError(f"StoreConfig.protected_share must be within 0..1, got {protected_share!r}")
+
+
+def check_admission(policy: str) -> None:
+    """Raise ``ValueError`` (one line) for an unknown admission policy."""
+    if policy not in ADMISSION_POLICIES:
+        raise ValueError(f"StoreConfig.admission must be one of {', '.join(ADMISSION_POLICIES)}, got {policy!r}")
 
 
 @dataclass
@@ -67,9 +75,12 @@ class StoreConfig:
     segment_bytes: int | None = None       # format: segment size (default: >= 16 pages, <= 1024 segments)
     eviction: str = "slru"                 # slru: pages read back are evicted last; lru: least recently used first
     protected_share: float = 0.8           # slru: at most this share of the own pages is protected
+    admission: str = "frequency"           # a full card: frequency: a new page displaces the next victim only if
+    #                                        asked for more often (admission.py); always: every new page evicts
 
     def __post_init__(self) -> None:
         check_eviction(self.eviction, self.protected_share)
+        check_admission(self.admission)
 
 
 @dataclass(slots=True)
@@ -211,6 +222,7 @@ class StoreCore:
     _miss_refresh_lock: threading.Lock
     _miss_refresh_at: float
     _own: OwnPages  # own pages in eviction order
+    _freq: FrequencySketch | None  # request counts for admission into a full card (None: admit every page)
     _foreign: dict[bytes, Loc]
     _foreign_parts: dict[int, dict[bytes, Loc]]
     _table_digests: dict[int, bytes]

@@ -109,6 +109,8 @@ class PipelineMixin(StoreCore):
         stored: list[tuple[int, bytes]] = []  # (index, key) of the own pages found already stored
         with self._lock:
             p = self._partition
+            if self._freq is not None:  # every save asked for is a request for its page
+                self._freq.record(k for k in keys if len(k) == KEY_BYTES)
             for i, (k, b) in enumerate(zip(keys, buffers, strict=True)):
                 if len(k) != KEY_BYTES:
                     results[i] = PageResult(k, PageStatus.ERROR, 0, "key must be 32 bytes")
@@ -148,6 +150,10 @@ class PipelineMixin(StoreCore):
                         results[i] = PageResult(k, PageStatus.ERROR, 0, "lease lost")
                     elif claim_err is not None:  # a device error: do not evict cached pages for a failing save
                         results[i] = PageResult(k, PageStatus.ERROR, 0, claim_err)
+                    elif (got := self._allocate(g.page_lbas(len(mv)), evicted, evict=False)) is not None:
+                        ops.append(self._planned(i, k, mv, got, finished))  # room made by an earlier page's eviction
+                    elif not self._admits(k):
+                        results[i] = PageResult(k, PageStatus.NOT_ADMITTED, 0)
                     elif (got := self._allocate(g.page_lbas(len(mv)), evicted)) is None:
                         results[i] = PageResult(k, PageStatus.NO_SPACE, 0)
                     else:
@@ -217,6 +223,7 @@ class PipelineMixin(StoreCore):
         self.stats.add(pages_saved=len(ok), bytes_saved=nbytes, save_failed=failed,
                        save_exists=sum(r.status is PageStatus.EXISTS for r in final),
                        no_space=sum(r.status is PageStatus.NO_SPACE for r in final),
+                       not_admitted=sum(r.status is PageStatus.NOT_ADMITTED for r in final),
                        save_seconds=time.perf_counter() - t0)
         h._set(final)
         if ops or short:
@@ -323,6 +330,8 @@ class PipelineMixin(StoreCore):
                     self._pins[pin] = self._pins.get(pin, 0) + 1
                 ops.append(PageOp(i, k, mv, loc, own=own))
             self._own.read_back(reversed(hits))  # the head of the batch ends most recent
+            if self._freq is not None:
+                self._freq.record(hits)
         corrupt_own: list[bytes] = []
         stale: list[PageOp] = []
         try:

@@ -17,6 +17,7 @@ class PageStatus(str, Enum):
     MISSING = "missing"              # load: not in the index, or the index entry was stale
     VERIFY_FAILED = "verify_failed"  # load: header or checksum mismatch; the buffer content is undefined
     NO_SPACE = "no_space"            # save: nothing evictable makes room (or the page exceeds a segment)
+    NOT_ADMITTED = "not_admitted"    # save: the card is full of pages asked for at least as often (admission.py)
     ERROR = "error"                  # device error, bad argument, no writer slot...
 
 
@@ -95,6 +96,7 @@ class StoreStats:
     save_exists: int = 0
     save_failed: int = 0        # error or no_space
     no_space: int = 0
+    not_admitted: int = 0       # saves a full card declined: the next victim was asked for at least as often
     verify_failures: int = 0    # header/checksum mismatch on load
     stale_reads: int = 0        # another writer's page changed under a stale index entry (a miss)
     io_errors: int = 0          # failed device commands (reads, writes, flushes)

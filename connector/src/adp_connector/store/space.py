@@ -28,6 +28,20 @@ class SpaceMixin(StoreCore):
                 return Loc(seg.index, seg.take_slot(), at, 0, 0)
         return None
 
+    def _evictable(self, loc: Loc) -> bool:
+        return not self._pins.get((loc.segment, loc.slot))
+
+    def _admits(self, key: bytes) -> bool:
+        """Whether a new page ``key`` may evict the next victim of a full card (:mod:`.admission`): always without
+        a sketch or a victim. Sets the sketch's halving period to ten times the own pages (the card's size)."""
+        if self._freq is None:
+            return True
+        victim = self._own.victim(self._evictable)
+        if victim is None:
+            return True
+        self._freq.period = max(10 * len(self._own), 1024)
+        return self._freq.admits(key, victim)
+
     def _allocate(self, nl: int, evicted: dict[int, list[int]], evict: bool = True) -> Loc | None:
         """A slot and ``nl`` contiguous LBAs (``Loc`` with length/seq unset); with ``evict``, unpinned own pages
         are evicted in the order of the eviction policy (:mod:`.recency`; their slots listed in ``evicted`` by
@@ -41,7 +55,7 @@ class SpaceMixin(StoreCore):
                 return got
             if not evict:
                 return None
-            victim = self._own.victim(lambda loc: not self._pins.get((loc.segment, loc.slot)))
+            victim = self._own.victim(self._evictable)
             if victim is None:
                 return None
             loc = self._own.pop(victim)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 
 from ..device import BlockDevice, Buffer
+from .admission import FrequencySketch
 from .batches import BatchPool
 from .core import Loc, OwnSegment, StoreConfig, StoreCore
 from .flush import FlushGroup
@@ -104,6 +105,7 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         self._refresh_lock = threading.Lock()
         self._lease_lock = threading.Lock()
         self._own = OwnPages(cfg.eviction, cfg.protected_share)
+        self._freq = FrequencySketch() if cfg.writer and cfg.admission == "frequency" else None
         self._evicted_keys: deque[bytes] = deque(maxlen=EVICTED_KEYS_KEPT)  # own pages evicted, until taken
         self._foreign: dict[bytes, Loc] = {}
         self._foreign_parts: dict[int, dict[bytes, Loc]] = {}
@@ -225,6 +227,8 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         with self._lock:
             own = [k for k in keys if k in self._own]
             self._own.read_back(reversed(own))  # the head of the batch ends most recent
+            if self._freq is not None:
+                self._freq.record(own)
         self.stats.add(read_back_elsewhere=len(own))
         return len(own)
 

@@ -132,7 +132,7 @@ class StoreLink:
                          preferred_partition=self._partition, verify=c.verify, reformat=c.format_card,
                          refresh_interval_s=c.refresh_interval_s, io_threads=c.io_threads,
                          max_io_bytes=c.max_io_kib << 10, io_timeout_s=max(c.load_timeout_s, 1.0),
-                         eviction=c.eviction)
+                         eviction=c.eviction, admission=c.admission)
         if self.page_bytes:
             sc.avg_page_bytes = self.page_bytes
         store: PageStore | StoreProcess | StoreGroup

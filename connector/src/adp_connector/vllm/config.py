@@ -54,6 +54,7 @@ class ADPConfig:
     save_processes: int = 1
     max_io_kib: int = 0
     eviction: str = "slru"
+    admission: str = "frequency"
     store_drafter_kv: bool = True
     audit_path: str | None = None
 
@@ -119,6 +120,10 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "eviction": ((str,), "which own pages a writer evicts when the card is full: slru: pages never restored "
                  "first, pages restored at least once (up to 80% of its pages) only after them; lru: the least "
                  "recently used. Either way a prefix loses its last pages first"),
+    "admission": ((str,), "whether a new page may evict one when the card is full: frequency: only if it was asked "
+                  "for (saved or read back) more often than the page it would evict, so a working set larger than "
+                  "the card keeps a stable part on it instead of evicting what is read next (declined pages: "
+                  "saves_not_admitted); always: every new page evicts the next victim"),
     "store_drafter_kv": ((bool,), "speculative decoding (MTP/EAGLE heads in the target's KV-cache group): store the "
                          "drafter layers' KV in the pages, so a restore keeps the acceptance rate (a hit then ends "
                          "where the next stored page begins); false: pages without them, shared by engines with "
@@ -139,6 +144,7 @@ RESTORE_POLICIES = ("auto", "always")
 RESTORE_STREAM_PRIORITIES = ("high", "normal")
 PAGE_COPIES = ("fused", "per_layer")
 EVICTIONS = ("slru", "lru")  # StoreConfig.eviction (the store's EVICTION_POLICIES; no store import here)
+ADMISSIONS = ("frequency", "always")  # StoreConfig.admission (the store's ADMISSION_POLICIES)
 MIN_IO_KIB = 4  # the largest LBA size the page store runs on (4 KiB; 512 B devices need no more)
 
 # Options whose default comes from the host (host_defaults) when kv_connector_extra_config leaves them out.
@@ -256,6 +262,9 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
     if cfg.eviction not in EVICTIONS:
         raise ConfigError(f"ADPConnector: kv_connector_extra_config['eviction'] must be one of "
                           f"{', '.join(EVICTIONS)}, got {cfg.eviction!r}")
+    if cfg.admission not in ADMISSIONS:
+        raise ConfigError(f"ADPConnector: kv_connector_extra_config['admission'] must be one of "
+                          f"{', '.join(ADMISSIONS)}, got {cfg.admission!r}")
     return cfg
 
 

@@ -40,6 +40,7 @@ COUNTERS = (
     "vllm:adp_kv_restores_declined",  # hits recomputed because the card was estimated slower (restore_policy)
     "vllm:adp_kv_saves_deduped",  # pages not written again: the card already held them
     "vllm:adp_kv_saves_waited",  # pages of saves that waited for staging (save_spill_mb), then were staged
+    "vllm:adp_kv_saves_not_admitted",  # pages a full card declined: it held pages asked for at least as often
     "vllm:adp_kv_hook_seconds",  # the connector's time inside vLLM's hooks, summed over them (each: BY_LABEL)
 )
 # Counter families kept per value of one label as well (``<name>{<label>=<value>}``), besides their sum: why restores

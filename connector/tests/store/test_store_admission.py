@@ -1,0 +1,147 @@
+"""Frequency admission into a full card: a new page displaces a victim only if asked for more often."""
+
+from __future__ import annotations
+
+import pytest
+from memdevice import MemDevice
+from store_testutil import fast_config
+
+from adp_connector.store import KeyNamespace, PageStatus, PageStore, admission
+from adp_connector.store.admission import MAX_COUNT, FrequencySketch
+
+NS = KeyNamespace("admit", "bf16", "L", 4)
+PAGE = 20_000
+
+
+def _chain(n: int, first_token: int) -> list[bytes]:
+    return NS.chain_tokens(list(range(first_token, first_token + 4 * n)))
+
+
+def _data(k: bytes) -> bytes:
+    return (k * (PAGE // 32 + 1))[:PAGE]
+
+
+def _save(s: PageStore, keys: list[bytes]) -> list[PageStatus]:
+    return [r.status for r in s.save_batch(keys, [_data(k) for k in keys]).wait(5)]
+
+
+def _load_prefix(s: PageStore, keys: list[bytes]) -> int:
+    res = s.load_batch(keys, [bytearray(PAGE) for _ in keys]).wait(5)
+    return next((i for i, r in enumerate(res) if not r.ok), len(keys))
+
+
+def _full(admission: str) -> tuple[PageStore, list[bytes]]:
+    """A 1 MiB card filled with pages each asked for once, up to and including the first page that did not fit
+    (declined, or evicting under ``always``); the pages not asked for yet."""
+    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1, admission=admission))
+    keys = _chain(200, 0)
+    for n, k in enumerate(keys):
+        status = _save(s, [k])
+        if s.stats.evictions or s.stats.not_admitted:
+            assert status == [PageStatus.NOT_ADMITTED if admission == "frequency" else PageStatus.OK]
+            return s, keys[n + 1:]
+        assert status == [PageStatus.OK]
+    raise AssertionError("the card never filled")
+
+
+def test_sketch_counts_saturate_and_halve() -> None:
+    sk = FrequencySketch(width=1 << 10, period=1000)
+    a, b = bytes(range(32)), bytes(range(1, 33))
+    sk.record([a] * 3)
+    assert sk.estimate(a) == 3 and sk.estimate(b) == 0
+    assert sk.admits(a, b) and not sk.admits(b, a)
+    sk.record([b] * 3)
+    assert not sk.admits(a, b) and not sk.admits(b, a)  # a tie keeps the victim
+    sk.record([a] * 40)
+    assert sk.estimate(a) == MAX_COUNT
+    sk.record([bytes(32)] * (1000 - 46))  # the 1000th count halves every counter
+    assert sk.halvings == 1 and sk.estimate(a) == MAX_COUNT // 2 and sk.estimate(b) == 1
+    with pytest.raises(ValueError, match="power of two"):
+        FrequencySketch(width=1000)
+
+
+def test_a_page_asked_once_does_not_displace_one_asked_once_but_does_when_asked_again() -> None:
+    s, rest = _full("frequency")
+    before = s.info()["own_pages"]
+    new = rest[0]
+    assert _save(s, [new]) == [PageStatus.NOT_ADMITTED]
+    assert s.stats.not_admitted >= 1 and s.stats.evictions == 0 and s.info()["own_pages"] == before
+    assert not s.contains([new])[0] and s.stats.save_failed == 0  # declined, not failed
+    assert _save(s, [new]) == [PageStatus.OK]  # asked for a second time: it beats a victim asked for once
+    assert s.contains([new])[0] and s.stats.evictions >= 1
+    s.close()
+
+
+def test_control_always_admits_a_page_asked_once() -> None:
+    s, rest = _full("always")
+    assert s.stats.evictions >= 1 and s.stats.not_admitted == 0  # the page that filled it evicted at once
+    assert _save(s, [rest[0]]) == [PageStatus.OK]
+    s.close()
+
+
+def test_pages_read_back_outrank_pages_asked_twice() -> None:
+    s, rest = _full("frequency")
+    stored = [k for k, present in zip(_chain(200, 0), s.contains(_chain(200, 0)), strict=True) if present]
+    for _ in range(3):
+        assert _load_prefix(s, stored) == len(stored)  # every stored page read back three times
+    new = rest[0]
+    assert _save(s, [new]) == [PageStatus.NOT_ADMITTED] and _save(s, [new]) == [PageStatus.NOT_ADMITTED]
+    assert all(s.contains(stored))
+    s.close()
+
+
+def _shift(rounds: int = 80) -> tuple[int, int, int, int]:
+    """A card full of pages read back until their counts saturate, then never asked for again, while a new set of
+    30 pages is asked for every round (read back, what is missing saved). (halvings, new pages found at the end,
+    old pages left, old pages at first)."""
+    s, _rest = _full("frequency")
+    old = [k for k, present in zip(_chain(200, 0), s.contains(_chain(200, 0)), strict=True) if present]
+    for _ in range(MAX_COUNT):
+        _load_prefix(s, old)
+    new = _chain(30, 100_000)
+    for _ in range(rounds):  # ~2,400 requests: the halving period is 1,024 on a card this small
+        _save(s, new[_load_prefix(s, new):])
+    assert s._freq is not None
+    out = s._freq.halvings, _load_prefix(s, new), sum(s.contains(old)), len(old)
+    s.close()
+    return out
+
+
+def test_pages_no_longer_asked_for_age_out() -> None:
+    halvings, found, old_left, old_at_first = _shift()
+    assert halvings >= 2 and found == 30 and old_left <= old_at_first - 30, (halvings, found, old_left)
+
+
+def test_control_without_halving_saturated_pages_stay_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "_HALVE", bytes(range(256)))  # a halving that changes nothing
+    halvings, found, old_left, old_at_first = _shift()
+    assert halvings >= 2 and found == 0 and old_left == old_at_first, (halvings, found, old_left)
+
+
+def _cyclic_hit_rates(admission: str, sessions: int = 4, length: int = 15, rounds: int = 6) -> list[float]:
+    """Sessions taking turns, each asking for its whole history every round (the agents on a card below their
+    working set: histories longer than the card from the first round); what a turn does not find it saves."""
+    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1, admission=admission))
+    chains = [_chain(length, 10_000 * (c + 1)) for c in range(sessions)]
+    rates = []
+    for _ in range(rounds):
+        hit = asked = 0
+        for chain in chains:
+            got = _load_prefix(s, chain)
+            _save(s, chain[got:])
+            hit, asked = hit + got, asked + len(chain)
+        rates.append(hit / asked)
+    capacity = s.info()["own_pages"]
+    s.close()
+    assert sessions * length > 1.5 * capacity, capacity
+    return rates
+
+
+def test_cyclic_histories_larger_than_the_card_keep_a_stable_part() -> None:
+    rates = _cyclic_hit_rates("frequency")
+    assert min(rates[1:]) >= 0.5, rates  # the sessions that fit hit whole every round
+
+
+def test_control_cyclic_histories_thrash_when_every_page_is_admitted() -> None:
+    rates = _cyclic_hit_rates("always")
+    assert max(rates) == 0.0, rates  # each turn evicts the history asked for next
