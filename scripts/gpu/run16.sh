@@ -14,6 +14,10 @@
 #      needs the GDN wheel set (.vllm-gpu-gdn: 10 chunks, a superset of the base set; docs/connector.md)
 #   e  the restore path over 16 GB, splice and copy     g  adp at 8 agents under py-spy (active threads)
 #   h  adp at 8 agents, the card at MDTS 128K
+#   a  every family with its negative control on the vLLM installed, and the GPU unit tests (run 19: vLLM 0.33.0,
+#      with the 0.33 wheel set: scripts/gpu/requirements-vllm-0.33.0.txt, 60 chunks of 46 MB)
+#   m  MTP and its control (every stored page corrupted) on the vLLM installed
+#   y  v with every new page admitted into the full card (admission=always: the order alone), v's control
 # The base wheel set is enough:
 #   ../shared/gpu/prepare-wheels --chunk-mb 50   (8 chunks: with the checkout a 60 MB chunk is over 64 MiB),
 #   plus .whl (validate.sh's header says which wheels)
@@ -70,6 +74,8 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
          $v agents $R/v ;;
     w) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp --target-workers 8 --card-bytes 32G \
 --connector-opt eviction=lru" $v agents $R/w ;;
+    y) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp --target-workers 8 --card-bytes 32G \
+--connector-opt admission=always" $v agents $R/y ;;
     # issue 14: the sweep with the defaults, to 128 users
     d) BENCH_ARGS="--users 1,16,64,128 --arms baseline,adp --target-workers 8" $v sweep $R/d ;;
     # issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside
@@ -80,6 +86,16 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     g) BENCH_ARGS="$A8 --arms adp --profile adp" $v agents $R/g ;;
     # the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine
     h) BENCH_ARGS="$A8 --arms adp --target-mdts 128K" $v agents $R/h ;;
+    # issue 16: every family with its negative control on the vLLM installed (run 19: 0.33.0 from
+    # requirements-vllm-0.33.0.txt), 7 at once, the GPU unit tests beside them (the fused page copy on its Triton)
+    a) mkdir -p $R/a
+       python3 -c "import vllm, torch, triton; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton',
+triton.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" > $R/a/versions.txt 2>&1
+       $v gpu-unit $R/a/unit > /dev/null 2>&1 &
+       GDN_ARGS="" FAMILY_JOBS=7 FAMILY_TIMEOUT=480 FAMILIES="mtp gdn mamba dsa mla swa swa:mistral dense \
+gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dense+corrupt" $v families $R/a/families
+       wait ;;
+    m) FAMILY_JOBS=2 FAMILIES="mtp mtp+corrupt" $v families $R/m ;;
     *) echo "run16: unknown step $1" >&2; return 2 ;;
   esac
   (cd $R && tar czf /root/part-$1.tgz host.txt "$1")

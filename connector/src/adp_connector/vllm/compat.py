@@ -104,7 +104,8 @@ def hash_block_size(kv_cache_config: Any, vllm_config: Any) -> int:
 def draft_layers(kv_cache_config: Any) -> set[str]:
     """Layers vLLM >= 0.33 tags as a draft model's (``KVCacheSpec.is_draft``), where the per-layer specs are known
     (``UniformTypeKVCacheSpecs``); a plain group's spec is merged from its first layer, so its tag says nothing
-    about the others (names and ``is_eagle_group`` cover those: layouts.drafter_layer_names)."""
+    about the others (the layer names cover those: layouts.drafter_layer_names; ``is_eagle_group`` only says a
+    group holds some drafter layer, with MTP the target's own group, so it is not read)."""
     out: set[str] = set()
     for g in kv_cache_config.kv_cache_groups:
         per_layer = getattr(g.kv_cache_spec, "kv_cache_specs", None)
