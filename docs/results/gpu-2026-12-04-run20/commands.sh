@@ -19,4 +19,10 @@ cd /root/tree && source .vllm-gpu-033/bin/device-install.sh; STEPS="o" bash scri
 #   y) the same with --connector-opt admission=always           -> agents16-card32g-admission-always/
 #   o) BENCH_ARGS="--agents 1 --turns 4 --arms baseline,adp --target-workers 8 --card-bytes 64G" $v agents
 #                                                               -> agents1-cost-vllm033/
-# 1,294 of 1,800 s of device time, one machine.
+# 1,294 s of device time to here.
+# Then, at main 3037840 (docs only since 6b5018b), vLLM 0.26.0 from the base wheel set (prepare-wheels --chunk-mb 46:
+# 9 chunks; calls 1-8 one chunk each as above, with .vllm-gpu/chunks/partNN), the last call carrying part08,
+# .vllm-gpu/bin and .whl, in the foreground:
+source .vllm-gpu/bin/device-install.sh || exit 1; STEPS=v timeout 380 bash scripts/gpu/run16.sh > /tmp/r.log 2>&1
+cp /root/part-v.tgz "$OUT"/                                   # -> vllm026/agents16-card32g-admission-frequency/
+# 1,539 of 1,800 s of device time in all.
