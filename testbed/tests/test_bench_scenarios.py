@@ -491,6 +491,10 @@ def test_save_rates_compare_what_was_asked_of_the_card_with_what_it_wrote():
     kept = save_rates({"adp_kv_pages_saved": 300.0, "adp_kv_bytes_saved": 300 * 2e6}, 2.0)
     assert kept["offered_gbps"] == kept["written_gbps"] == 0.3 and kept["dropped_share"] == 0.0
     assert save_line({"saves": save_rates({}, 2.0)}) == ""
+    full = {"adp_kv_pages_saved": 300.0, "adp_kv_bytes_saved": 300 * 2e6, "adp_kv_saves_not_admitted": 120.0}
+    line = save_line({"saves": save_rates(full, 2.0), "counters": full})
+    assert line.endswith("dropped 0.0%, 120 pages not admitted")
+    assert "not admitted" not in save_line({"saves": kept, "counters": {"adp_kv_saves_not_admitted": 0.0}})
 
 
 def test_hook_time_is_reported_per_request_largest_first():

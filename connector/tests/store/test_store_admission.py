@@ -116,32 +116,3 @@ def test_control_without_halving_saturated_pages_stay_forever(monkeypatch: pytes
     monkeypatch.setattr(admission, "_HALVE", bytes(range(256)))  # a halving that changes nothing
     halvings, found, old_left, old_at_first = _shift()
     assert halvings >= 2 and found == 0 and old_left == old_at_first, (halvings, found, old_left)
-
-
-def _cyclic_hit_rates(admission: str, sessions: int = 4, length: int = 15, rounds: int = 6) -> list[float]:
-    """Sessions taking turns, each asking for its whole history every round (the agents on a card below their
-    working set: histories longer than the card from the first round); what a turn does not find it saves."""
-    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1, admission=admission))
-    chains = [_chain(length, 10_000 * (c + 1)) for c in range(sessions)]
-    rates = []
-    for _ in range(rounds):
-        hit = asked = 0
-        for chain in chains:
-            got = _load_prefix(s, chain)
-            _save(s, chain[got:])
-            hit, asked = hit + got, asked + len(chain)
-        rates.append(hit / asked)
-    capacity = s.info()["own_pages"]
-    s.close()
-    assert sessions * length > 1.5 * capacity, capacity
-    return rates
-
-
-def test_cyclic_histories_larger_than_the_card_keep_a_stable_part() -> None:
-    rates = _cyclic_hit_rates("frequency")
-    assert min(rates[1:]) >= 0.5, rates  # the sessions that fit hit whole every round
-
-
-def test_control_cyclic_histories_thrash_when_every_page_is_admitted() -> None:
-    rates = _cyclic_hit_rates("always")
-    assert max(rates) == 0.0, rates  # each turn evicts the history asked for next

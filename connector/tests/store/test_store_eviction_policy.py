@@ -105,26 +105,42 @@ def test_control_head_first_order_loses_the_head(monkeypatch: pytest.MonkeyPatch
     s.close()
 
 
-def _cyclic_hit_rates(policy: str, sessions: int = 4, length: int = 15, grow: int = 3, rounds: int = 8
-                      ) -> list[float]:
+def _cyclic_hit_rates(policy: str, sessions: int = 4, length: int = 15, grow: int = 3, rounds: int = 8,
+                      admission: str = "always") -> list[float]:
     """Agents taking turns round-robin: each turn a session's history grows by ``grow`` pages up to ``length``;
-    the turn loads it (hits: the leading pages found) and saves what it did not find. Per round, the share of the
-    pages asked that hit."""
-    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1, eviction=policy))
+    the turn loads it (hits: the leading pages found) and saves what it did not find (a full card may decline
+    them under ``frequency`` admission). Per round, the share of the pages asked that hit."""
+    s = PageStore(MemDevice(1 << 20, 512), fast_config(partitions=1, eviction=policy, admission=admission))
     chains = [_chain(length, 10_000 * (c + 1)) for c in range(sessions)]
+    ok = {PageStatus.OK, PageStatus.EXISTS} | ({PageStatus.NOT_ADMITTED} if admission == "frequency" else set())
     rates = []
     for r in range(rounds):
         hit = asked = 0
         for chain in chains:
             history = chain[:grow * (r + 1)]
             got = _load_prefix(s, history)
-            _save(s, history[got:])
+            res = s.save_batch(history[got:], [_data(k) for k in history[got:]]).wait(5)
+            assert {x.status for x in res} <= ok, res
             hit, asked = hit + got, asked + len(history)
         rates.append(hit / asked)
     capacity = s.info()["own_pages"]
     s.close()
     assert sessions * length > 1.5 * capacity, capacity  # the card holds ~60% of the full histories
     return rates
+
+
+def test_whole_histories_larger_than_the_card_keep_a_stable_part_with_frequency_admission() -> None:
+    """Each session asks for its whole history from the first round (agents whose histories exceed the card from
+    their first turn): nothing is read back before it is evicted, so the order alone never protects anything;
+    frequency admission keeps the sessions that fit, and they hit whole every round."""
+    rates = _cyclic_hit_rates("slru", grow=15, rounds=6, admission="frequency")
+    assert min(rates[1:]) >= 0.5, rates
+
+
+@pytest.mark.parametrize("policy", ["slru", "lru"])
+def test_control_whole_histories_thrash_when_every_page_is_admitted(policy: str) -> None:
+    rates = _cyclic_hit_rates(policy, grow=15, rounds=6, admission="always")
+    assert max(rates) == 0.0, rates  # each turn evicts the history asked for next
 
 
 def test_cyclic_sessions_keep_hits_with_slru() -> None:

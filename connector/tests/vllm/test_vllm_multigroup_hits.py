@@ -74,10 +74,11 @@ def _default_card_slots() -> int:
 
 
 def _kept_after_saving(tmp_path: Path, n: int, page_bytes: int | None) -> int:
-    """Pages still on a fresh card after one writer (a StoreLink, as the connector opens it) saved ``n``."""
+    """Pages still on a fresh card after one writer (a StoreLink, as the connector opens it) saved ``n``. Every page
+    is admitted (each is asked for once: frequency admission would decline the overflow instead of evicting)."""
     tgt = start_card(tmp_path / f"card-{page_bytes}.img")
     cfg = parse_config({"traddr": "127.0.0.1", "trsvcid": tgt.address[1], "connect_timeout_s": 5.0,
-                        "retry_interval_s": 0.1})
+                        "retry_interval_s": 0.1, "admission": "always"})
     link = StoreLink(cfg, writer=True, identity=f"t{page_bytes}", partition=0, label="test", page_bytes=page_bytes)
     try:
         store = link.wait_ready(10.0)

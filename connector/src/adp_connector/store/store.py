@@ -60,8 +60,9 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
     """A store of variable-size pages keyed by 32-byte content keys on one block-device namespace.
 
     The parts: :mod:`.leases` (writer lease), :mod:`.segments` (claiming, adopting and handing over segments),
-    :mod:`.index` (own and foreign index, refresh), :mod:`.space` (slots, extents, eviction in the own segments)
-    and :mod:`.pipeline` (save and load batches).
+    :mod:`.index` (own and foreign index, refresh), :mod:`.space` (slots, extents, eviction in the own segments;
+    :mod:`.recency` orders them, :mod:`.admission` decides whether a new page may evict one) and :mod:`.pipeline`
+    (save and load batches).
     """
 
     def __init__(self, device: BlockDevice, config: StoreConfig | None = None) -> None:

@@ -290,10 +290,13 @@ def save_line(pt: dict[str, Any]) -> str:
     sv = pt.get("saves") or {}
     if not sv.get("offered_gbps"):
         return ""
-    dropped = SV.by_label(pt.get("counters") or {}, "vllm:adp_kv_saves_dropped_by_cause")
+    cnt = pt.get("counters") or {}
+    dropped = SV.by_label(cnt, "vllm:adp_kv_saves_dropped_by_cause")
     causes = ", ".join(f"{c} {v:.0f}" for c, v in sorted(dropped.items()) if v)
+    declined = cnt.get("adp_kv_saves_not_admitted", 0.0)  # a full card kept pages asked for as often (admission)
     return (f"  saves asked {sv['offered_gbps']:.2f} GB/s wrote {sv['written_gbps']:.2f} GB/s "
-            f"dropped {sv['dropped_share']:.1%}" + (f" ({causes} pages)" if causes else ""))
+            f"dropped {sv['dropped_share']:.1%}" + (f" ({causes} pages)" if causes else "")
+            + (f", {declined:.0f} pages not admitted" if declined else ""))
 
 
 def hook_line(pt: dict[str, Any]) -> str:
