@@ -18,7 +18,7 @@ from .format import (
     Geometry,
     LeaseRecord,
 )
-from .results import StoreStats
+from .results import PageStatus, StoreStats
 
 if TYPE_CHECKING:
     from .admission import FrequencySketch
@@ -282,7 +282,8 @@ class StoreCore:
     def _drop_own(self, keys: list[bytes]) -> int:
         raise NotImplementedError
 
-    def _allocate(self, nl: int, evicted: dict[int, list[int]], evict: bool = True) -> Loc | None:
+    def _allocate(self, nl: int, evicted: dict[int, list[int]], evict: bool = True, candidate: bytes | None = None
+                  ) -> Loc | PageStatus:
         raise NotImplementedError
 
     def _clear_entry(self, loc: Loc) -> None:

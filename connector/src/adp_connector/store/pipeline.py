@@ -129,11 +129,11 @@ class PipelineMixin(StoreCore):
                     waits.append((i, k, len(mv), other))
                 elif p is None:
                     results[i] = PageResult(k, PageStatus.ERROR, 0, "read-only: no writer slot")
-                elif (got := self._allocate(g.page_lbas(len(mv)), evicted, evict=False)) is None:
+                elif isinstance(got := self._allocate(g.page_lbas(len(mv)), evicted, evict=False), Loc):
+                    ops.append(self._planned(i, k, mv, got, finished))
+                else:
                     short.append((i, k, mv))
                     self._inflight[k] = finished
-                else:
-                    ops.append(self._planned(i, k, mv, got, finished))
             self._own.touch(k for _i, k in reversed(stored))  # before this batch evicts anything
         if short:
             # Free or abandoned segments first (the whole card fills before anything is evicted), then own pages
@@ -150,14 +150,10 @@ class PipelineMixin(StoreCore):
                         results[i] = PageResult(k, PageStatus.ERROR, 0, "lease lost")
                     elif claim_err is not None:  # a device error: do not evict cached pages for a failing save
                         results[i] = PageResult(k, PageStatus.ERROR, 0, claim_err)
-                    elif (got := self._allocate(g.page_lbas(len(mv)), evicted, evict=False)) is not None:
-                        ops.append(self._planned(i, k, mv, got, finished))  # room made by an earlier page's eviction
-                    elif not self._admits(k):
-                        results[i] = PageResult(k, PageStatus.NOT_ADMITTED, 0)
-                    elif (got := self._allocate(g.page_lbas(len(mv)), evicted)) is None:
-                        results[i] = PageResult(k, PageStatus.NO_SPACE, 0)
-                    else:
+                    elif isinstance(got := self._allocate(g.page_lbas(len(mv)), evicted, candidate=k), Loc):
                         ops.append(self._planned(i, k, mv, got, finished))
+                    else:
+                        results[i] = PageResult(k, got, 0)  # no_space, or not_admitted by a full card
         ops.sort(key=lambda op: op.idx)  # commit order is the batch order
         with self._lock:
             for op in ops:

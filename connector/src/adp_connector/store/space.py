@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .core import Loc, StoreCore
 from .format import EMPTY_SLOT, SLOT_ENTRY_BYTES
+from .results import PageStatus
 
 
 class SpaceMixin(StoreCore):
@@ -31,33 +32,31 @@ class SpaceMixin(StoreCore):
     def _evictable(self, loc: Loc) -> bool:
         return not self._pins.get((loc.segment, loc.slot))
 
-    def _admits(self, key: bytes) -> bool:
-        """Whether a new page ``key`` may evict the next victim of a full card (:mod:`.admission`): always without
-        a sketch or a victim. Sets the sketch's halving period to ten times the own pages (the card's size)."""
-        if self._freq is None:
-            return True
-        victim = self._own.victim(self._evictable)
-        if victim is None:
-            return True
-        self._freq.period = max(10 * len(self._own), 1024)
-        return self._freq.admits(key, victim)
-
-    def _allocate(self, nl: int, evicted: dict[int, list[int]], evict: bool = True) -> Loc | None:
-        """A slot and ``nl`` contiguous LBAs (``Loc`` with length/seq unset); with ``evict``, unpinned own pages
-        are evicted in the order of the eviction policy (:mod:`.recency`; their slots listed in ``evicted`` by
-        segment) until it fits."""
+    def _allocate(self, nl: int, evicted: dict[int, list[int]], evict: bool = True, candidate: bytes | None = None
+                  ) -> Loc | PageStatus:
+        """A slot and ``nl`` contiguous LBAs (``Loc`` with length/seq unset), or why not: ``NO_SPACE``. With
+        ``evict``, unpinned own pages are evicted in the order of the eviction policy (:mod:`.recency`; their slots
+        listed in ``evicted`` by segment) until it fits. With the new page's key as ``candidate``, the first victim
+        goes only if the frequency sketch admits the page over it (:mod:`.admission`; the sketch's halving period
+        set to ten times the own pages, the card's size): else ``NOT_ADMITTED``, nothing evicted."""
         if nl > self.geometry.data_lbas:
-            return None
+            return PageStatus.NO_SPACE
+        freq = self._freq if candidate is not None else None  # None once the first victim has been weighed
         while True:
             got = self._fit(nl)
             if got is not None:
                 self._segs[got.segment].busy += 1
                 return got
             if not evict:
-                return None
+                return PageStatus.NO_SPACE
             victim = self._own.victim(self._evictable)
             if victim is None:
-                return None
+                return PageStatus.NO_SPACE
+            if freq is not None and candidate is not None:
+                freq.period = max(10 * len(self._own), 1024)
+                if not freq.admits(candidate, victim):
+                    return PageStatus.NOT_ADMITTED
+                freq = None
             loc = self._own.pop(victim)
             self._clear_entry(loc)
             self._release(loc)
