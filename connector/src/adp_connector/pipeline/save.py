@@ -335,9 +335,11 @@ class SavePipeline:
         if ok:
             self.counters.observe(save_seconds=took, save_bytes=nbytes_ok)
         with self._lock:
-            # reported by the scheduler's (rank 0) key, which is what it schedules saves by
-            # not stored: a later request that computes them asks again (which counts for their admission)
-            self._failed_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in bad + declined)
+            # reported by the scheduler's (rank 0) key, which is what it schedules saves by. Declined pages are not
+            # failures: the scheduler keeps them as asked for until its save memory lapses, so the request that
+            # computes them next asks again (which counts for their admission), and no request re-walks its local
+            # blocks for them (GPU run 20: ~30 GB of such copies declined again)
+            self._failed_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in bad)
             for r in res:
                 self._origin.pop(bytes(r.key), None)
             self.pending_bytes -= nbytes
