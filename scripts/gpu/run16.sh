@@ -28,9 +28,12 @@
 #   source .vllm-gpu/bin/device-install.sh && rm -rf /root/tree && cp -a . /root/tree && cd /root/tree &&
 #     STEPS="c l" bash scripts/gpu/bg.sh start run16 bash scripts/gpu/run16.sh
 #   bash scripts/gpu/bg.sh wait run16 540; cp /root/part-*.tgz "$OUT"/
+# RUN16_TAG=T keeps a second tree's results apart (an A/B of two trees on one machine): $R becomes /root/res-T and the
+# archives /root/part-T-X.tgz. SWEEP_USERS sets step d's user counts (default 1,16,64,128).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
-R=/root/res
+tag=${RUN16_TAG:+${RUN16_TAG}-}
+R=/root/res${RUN16_TAG:+-$RUN16_TAG}
 mkdir -p $R
 export TMPDIR=/dev/shm
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; lscpu | grep "Model name"; free -g;
@@ -78,7 +81,7 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     y) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp --target-workers 8 --card-bytes 32G \
 --connector-opt admission=always" $v agents $R/y ;;
     # issue 14: the sweep with the defaults, to 128 users
-    d) BENCH_ARGS="--users 1,16,64,128 --arms baseline,adp --target-workers 8" $v sweep $R/d ;;
+    d) BENCH_ARGS="--users ${SWEEP_USERS:-1,16,64,128} --arms baseline,adp --target-workers 8" $v sweep $R/d ;;
     # issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside
     # a Python thread at 5 and 0.5 ms switch intervals (the engine's step loop beside the restore driver)
     e) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
@@ -99,7 +102,7 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     m) FAMILIES="mtp" $v families $R/m ;;
     *) echo "run16: unknown step $1" >&2; return 2 ;;
   esac
-  (cd $R && tar czf /root/part-$1.tgz host.txt "$1")
+  (cd $R && tar czf /root/part-$tag$1.tgz host.txt "$1")
 }
 for s in ${STEPS:-o v w b e c l x k d u s f g h}; do step "$s"; done
 echo "== done $(date +%T)"

@@ -510,3 +510,38 @@ def test_hook_time_is_reported_per_request_largest_first():
     assert "inside vLLM's hooks it spent wait_for_save 20.0, get_num_new_matched_tokens 1.0 ms per request" in _why(c)
     assert hook_line({"counters": {"request_success": 4.0}}) == ""  # the baseline arm: no hook series
     assert serve.hook_ms_per_request({"adp_kv_hook_seconds{hook=wait_for_save}": 1.0}) == {}  # nothing finished
+
+
+class _SavesLanding:
+    """A server whose connector's save outcomes keep landing for ``busy`` more metric reads, and the probes sent."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.saved = 0.0
+        self.probes: list[int] = []
+
+    def complete(self, prompt, max_tokens, t0=None):
+        self.probes.append(len(prompt))
+
+    def metrics(self) -> dict[str, float]:
+        if self.busy:
+            self.busy -= 1
+            self.saved += 100
+        return {"vllm:adp_kv_pages_saved": self.saved}
+
+
+def test_sweep_points_start_once_the_saves_before_them_have_landed() -> None:
+    """``settle`` waits while save outcomes move (the warm-up's saves ran on into run 17's first point) and returns
+    after two quiet probes; probes are under one block, so they save nothing. Control: a server whose saves never
+    stop is waited for until the timeout only."""
+    from adp_testbed.bench import sweep
+
+    srv = _SavesLanding(busy=5)
+    sweep.settle(srv, srv, seed=0, interval_s=0.0)  # type: ignore[arg-type]
+    assert srv.busy == 0 and len(srv.probes) == 5 + 2 and set(srv.probes) == {sweep.SETTLE_PROBE_TOKENS}
+    quiet = _SavesLanding(busy=0)
+    sweep.settle(quiet, quiet, seed=0, interval_s=0.0)  # type: ignore[arg-type]
+    assert len(quiet.probes) == 3  # the first read sets the reference, then two quiet ones
+    endless = _SavesLanding(busy=10**9)
+    waited = sweep.settle(endless, endless, seed=0, interval_s=0.01, timeout_s=0.2)  # type: ignore[arg-type]
+    assert endless.busy > 0 and 0.2 <= waited < 1.0

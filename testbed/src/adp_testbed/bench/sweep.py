@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from . import common as C
+from . import serve as SV
 from .traffic import Client, Progress, Result, run_concurrent, summary, tokens
 
 
@@ -52,7 +53,40 @@ def _user(client: Client, docs: list[list[int]], run: C.Run, users: int, u: int,
     return out
 
 
+# save outcomes: a phase has settled when none of them moves (an idle engine reports its connector's counters only
+# with a step, so the probes below drive one)
+SETTLE_COUNTERS = ("adp_kv_pages_saved", "adp_kv_saves_dropped", "adp_kv_save_errors", "adp_kv_saves_not_admitted")
+SETTLE_PROBE_TOKENS = 8  # under one block: a probe fills no block, so it saves nothing itself
+SETTLE_TIMEOUT_S = 180.0
+
+
+def settle(client: Client, srv: Any, seed: int, interval_s: float = 0.5, timeout_s: float = SETTLE_TIMEOUT_S) -> float:
+    """Wait until the saves of the phase before have landed (or dropped); returns the seconds waited.
+
+    Each point starts from a quiet card, so it measures its own traffic: the warm-up's 64 documents ask the card for
+    ~49 GB of saves, which ran on into the first point (GPU run 17: the 1-user point wrote 3,096 of them). A probe
+    request of a few tokens every ``interval_s`` gives the engine a step; settled is two probes in a row with no save
+    outcome counted. An arm without the connector settles at its second probe.
+    """
+    t0 = time.perf_counter()
+    last: tuple[float, ...] | None = None
+    quiet = 0
+    i = 0
+    while time.perf_counter() - t0 < timeout_s:
+        client.complete(tokens(f"settle-{seed}-{i}", SETTLE_PROBE_TOKENS), 1)
+        i += 1
+        cnt = SV.counters(srv.metrics())
+        now = tuple(cnt.get(k, 0.0) for k in SETTLE_COUNTERS)
+        quiet = quiet + 1 if now == last else 0
+        if quiet >= 2:
+            break
+        last = now
+        time.sleep(interval_s)
+    return round(time.perf_counter() - t0, 2)
+
+
 def _point(client: Client, docs: list[list[int]], run: C.Run, arm: str, users: int, srv: Any) -> dict[str, Any]:
+    settle_s = settle(client, srv, run.args.seed)
     bar = Progress(users * run.params["requests_per_user"], f"{arm} {users} user(s)")
     m0 = srv.metrics()
     t0 = time.perf_counter()
@@ -65,7 +99,7 @@ def _point(client: Client, docs: list[list[int]], run: C.Run, arm: str, users: i
     errors = sorted({r.error for r in reqs if r.error})[:5]
     return {
         "users": users, "requests": len(reqs), "failed": len(reqs) - len(ok), "errors": errors,
-        "wall_s": round(wall, 2),
+        "settle_s": settle_s, "wall_s": round(wall, 2),
         "ttft_s": summary([r.ttft_s for r in ok if r.ttft_s is not None]),
         "latency_s": summary([r.latency_s for r in ok if r.latency_s is not None]),
         "output_tps": round(sum(r.output_tokens for r in ok) / wall, 2),
