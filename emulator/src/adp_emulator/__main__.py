@@ -26,7 +26,7 @@ FIELD_OPTIONS = {"host": "--host", "port": "--port", "subnqn": "--nqn", "capacit
                  "lba_size": "--lba-size", "mdts_bytes": "--mdts", "max_io_queues": "--queues",
                  "queue_depth": "--queue-depth", "backing_path": "--backing", "allowed_hosts": "--allow-host",
                  "io_workers": "--io-workers", "splice_reads": "--copy-reads", "max_connections": "--max-connections",
-                 "handshake_timeout_s": "--handshake-timeout"}
+                 "handshake_timeout_s": "--handshake-timeout", "backing_overcommit": "--overcommit"}
 
 
 def _size(text: str) -> int:
@@ -76,6 +76,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--queues", type=int, help="max I/O queues")
     s.add_argument("--queue-depth", type=int)
     s.add_argument("--backing", help="backing file (default: RAM)")
+    s.add_argument("--overcommit", action="store_true", default=None,
+                   help="serve a namespace larger than its backing can still take (sparse; refused by default: "
+                        "writing past the room kills the target or, in RAM, stalls the host)")
     s.add_argument("--allow-host", action="append", default=None, metavar="NQN", help="allowed host NQN (repeat)")
     s.add_argument("--allow-any-host", action="store_true", default=None)
     s.add_argument("--require-data-digest", action="store_true", default=None)
@@ -216,7 +219,8 @@ def _settings(args: argparse.Namespace) -> Any:
                            ("handshake_timeout", "handshake_timeout_s", float),
                            ("queue_depth", "queue_depth", int), ("backing", "backing_path", str),
                            ("allow_host", "allowed_hosts", list), ("allow_any_host", "allow_any_host", bool),
-                           ("require_data_digest", "require_data_digest", bool), ("io_workers", "io_workers", int)):
+                           ("require_data_digest", "require_data_digest", bool), ("io_workers", "io_workers", int),
+                           ("overcommit", "backing_overcommit", bool)):
         val = getattr(args, opt)
         if val is not None:
             kw[key] = conv(val)
@@ -254,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target.start()
     except BackingError as e:
-        print(f"adp-emulator: --backing: {e}", file=sys.stderr)
+        print(f"adp-emulator: {'--backing' if settings.backing_path else '--capacity'}: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         hint = " (not an address of this machine)" if e.errno == errno.EADDRNOTAVAIL else \

@@ -320,6 +320,8 @@ class AdpSettings:
     ``capacity_bytes`` sizes RAM namespaces and file namespaces whose file must be created.
     ``keep_alive_ms_default`` is the KATO the userspace target applies when a host's Connect
     carries KATO 0 (nvmet uses 120 s for discovery controllers, NVMET_DISC_KATO_MS).
+    ``overcommit`` lets the userspace target map a namespace larger than its backing can still take (refused
+    otherwise: target/backing.py).
     """
 
     capacity_bytes: int = 1 * GiB
@@ -331,12 +333,17 @@ class AdpSettings:
     backing: Backing = "ram"
     inline_data_size: int | None = None  # None: the MDTS (every single-command write goes in-capsule)
     io_workers: int = 0  # worker processes serving the I/O queues (0: the target process serves them)
+    overcommit: bool = False
 
     def validate(self, where: str = "adp") -> None:
         """Raise ValueError naming the offending field."""
         for f in fields(self):
             val = getattr(self, f.name)
             if f.name == "inline_data_size" and val is None:
+                continue
+            if f.name == "overcommit":
+                if not isinstance(val, bool):
+                    raise _fail(f"{where}.{f.name}", f"expected true or false, got {val!r}")
                 continue
             if f.name != "backing" and (isinstance(val, bool) or not isinstance(val, int)):
                 raise _fail(f"{where}.{f.name}", f"expected an integer, got {val!r}")

@@ -10,6 +10,8 @@ import mmap
 import os
 import uuid
 
+from .backing import shortfall
+
 _ZERO_CHUNK = bytes(1 << 20)
 _PAGE = mmap.PAGESIZE
 
@@ -18,11 +20,12 @@ class Namespace:
     """A namespace of ``capacity`` bytes addressed in ``lba_size`` blocks.
 
     ``view`` is a memoryview over the whole store: reads send slices of it, writes receive
-    straight into slices of it (no intermediate copies).
+    straight into slices of it (no intermediate copies). A new store that its backing cannot hold in full raises
+    ValueError (:func:`.backing.shortfall`) unless ``overcommit``.
     """
 
     def __init__(self, nsid: int, capacity: int, lba_size: int, path: str | None = None,
-                 nguid: bytes | None = None, fd: int | None = None) -> None:
+                 nguid: bytes | None = None, fd: int | None = None, overcommit: bool = False) -> None:
         self.nsid = nsid
         self.capacity = capacity
         self.lba_size = lba_size
@@ -30,6 +33,10 @@ class Namespace:
         self.nsze = capacity >> self.lba_shift
         self.path = path
         self._durable = bool(path)
+        if fd is None and not overcommit:
+            why = shortfall(capacity, path)
+            if why:
+                raise ValueError(f"{why}; lower the capacity, or accept that with --overcommit (adp.overcommit)")
         if fd is not None:  # a worker process maps its owner's store
             self._fd = os.dup(fd)
         elif path:

@@ -33,7 +33,7 @@ ACCEPT_BACKOFF_S = (0.005, 0.5)  # first and longest sleep after a failed accept
 
 
 class BackingError(OSError):
-    """The namespace's backing file cannot be opened or mapped (a bad ``backing_path``)."""
+    """The namespace's backing cannot be opened or mapped (a bad ``backing_path``), or cannot hold the capacity."""
 
 
 class ListenerCounters:
@@ -88,7 +88,8 @@ class UserspaceTarget:
             return self
         s = self.settings
         try:
-            self.namespaces[1] = Namespace(1, s.capacity_bytes, s.lba_size, s.backing_path)
+            self.namespaces[1] = Namespace(1, s.capacity_bytes, s.lba_size, s.backing_path,
+                                           overcommit=s.backing_overcommit)
         except (OSError, ValueError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise BackingError(f"cannot use {s.backing_path or 'RAM'} as the namespace backing: {why}") from None

@@ -64,6 +64,9 @@ class TargetSettings:
     max_io_queues: int = 8
     queue_depth: int = 128
     backing_path: str | None = None  # None = RAM
+    # A namespace larger than its backing can still take (free space; RAM for a memfd or tmpfs) is refused at start
+    # (target/backing.py); True maps it sparse anyway, and writes past the room fail (SIGBUS) or stall the host.
+    backing_overcommit: bool = False
     allowed_hosts: list[str] = field(default_factory=list)
     allow_any_host: bool | None = None  # None = any host only on loopback and without allowed_hosts
     # Writes up to this size travel in the command capsule and skip the R2T round trip (nvmet: 16 KiB).
@@ -140,6 +143,8 @@ class TargetSettings:
         _int("io_workers", self.io_workers, 0, 256)
         if not isinstance(self.splice_reads, bool):
             raise _fail("splice_reads", f"must be a bool, got {self.splice_reads!r}")
+        if not isinstance(self.backing_overcommit, bool):
+            raise _fail("backing_overcommit", f"must be a bool, got {self.backing_overcommit!r}")
         _int("max_connections", self.max_connections, 1, 1 << 20)
         t = self.handshake_timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 3600:
@@ -194,6 +199,7 @@ def settings_from_config(cfg: NvmetConfig, port_index: int = 0, **overrides: Any
         "max_io_queues": adp.max_io_queues,
         "queue_depth": adp.queue_depth,
         "backing_path": backing,
+        "backing_overcommit": adp.overcommit,
         "allowed_hosts": list(sub.allowed_hosts) if sub else [],
         "allow_any_host": sub.allow_any_host if sub else None,
         "in_capsule_bytes": adp.inline_data_size,

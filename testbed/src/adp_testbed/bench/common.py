@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from adp_connector.vllm.config import ConfigError, parse_config
+from adp_emulator.target.backing import shortfall
 
 from .. import options as O
 from ..hostinfo import host_info
@@ -133,6 +135,8 @@ class Run:
             raise O.UsageError(f"testbed bench {scenario}: --profile-gil needs --profile ARMS")
         if self.profile and SV.py_spy() is None:
             raise O.UsageError(f"testbed bench {scenario}: --profile needs py-spy (pip install py-spy)")
+        if "adp" in self.arms and not args.target:
+            self._check_card_room(args.card_bytes or run["target_capacity_bytes"])
         try:  # a bad --connector-opt fails here, not after the other arms have run
             parse_config(dict(args.connector_opt))
         except ConfigError as e:
@@ -149,6 +153,16 @@ class Run:
         self.python = py
         self.model = SV.resolve_model(engine["model"], py)
         self.card: LocalCard | None = None  # the adp arm's local emulator while it runs (None for --target)
+
+    def _check_card_room(self, capacity: int) -> None:
+        """Refuse, before any arm runs, a local card its directory ($TMPDIR) cannot hold in full; in RAM (tmpfs) with
+        an eighth of the host's memory (at least 2 GiB) left to the engine and this harness. GPU run 21: a 512 GiB
+        card in /dev/shm on a 125 GiB host stalled the engine once ~112 GiB were written."""
+        reserve = max(2 << 30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8)
+        why = shortfall(capacity, str(Path(tempfile.gettempdir()) / "card.img"), reserve=reserve)
+        if why:
+            raise O.UsageError(f"testbed bench {self.scenario}: the adp arm's card: {why}; pass a smaller "
+                               "--card-bytes, or point TMPDIR at a filesystem that holds it")
 
     def spec(self, kv_transfer: dict[str, Any] | None) -> SV.EngineSpec:
         e = self.engine
