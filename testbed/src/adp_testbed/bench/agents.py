@@ -87,7 +87,10 @@ def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
         raise ValueError(f"histories grow to {longest} tokens, over max_model_len {run.engine['max_model_len']}")
     with run.server(arm, kv, "engine") as srv:
         client = Client(srv.base_url, srv.spec.served_name, run.settings["request_timeout_s"])
-        points = [_point(client, run, arm, n, srv) for n in prm["agent_counts"]]
+        points = []
+        for n in prm["agent_counts"]:
+            points.append(_point(client, run, arm, n, srv))
+            run.checkpoint(arm, points[-1])
         start_s = srv.start_seconds
     return {"engine_start_s": round(start_s, 1), "points": points}
 

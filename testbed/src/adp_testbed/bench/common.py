@@ -153,6 +153,7 @@ class Run:
         self.python = py
         self.model = SV.resolve_model(engine["model"], py)
         self.card: LocalCard | None = None  # the adp arm's local emulator while it runs (None for --target)
+        self._finished_points: dict[str, list[dict[str, Any]]] = {}  # per arm, for results.partial.json
 
     def _check_card_room(self, capacity: int) -> None:
         """Refuse, before any arm runs, a local card its directory ($TMPDIR) cannot hold in full; in RAM (tmpfs) with
@@ -245,6 +246,19 @@ class Run:
                       file=sys.stderr)
         return arms
 
+    def checkpoint(self, arm: str, point: dict[str, Any]) -> None:
+        """Keep a finished point in ``results.partial.json`` at once (replaced whole, never half written), so that a
+        run that dies or loses its machine keeps the points it finished; :meth:`finish` removes it. GPU run 21 lost
+        every TTFT of a sweep whose last point stalled, because results.json is written at the end."""
+        self._finished_points.setdefault(arm, []).append(point)
+        doc = {"schema": SCHEMA_VERSION, "scenario": self.scenario, "complete": False, "preset": self.args.preset,
+               "run_id": self.run_id, "params": self.params, "engine": {**self.engine, "model": self.model},
+               "environment": host_info(), "connector_options": dict(self.args.connector_opt),
+               "points": self._finished_points, "wall_s": round(time.monotonic() - self.t0, 1)}
+        tmp = self.out / "results.partial.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(self.out / "results.partial.json")
+
     def finish(self, arms: dict[str, dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Assemble, write results.json (and --json) and the report; returns the results."""
         result = {
@@ -266,6 +280,7 @@ class Run:
         }
         text = json.dumps(result, indent=1)
         (self.out / "results.json").write_text(text + "\n")
+        (self.out / "results.partial.json").unlink(missing_ok=True)
         O.emit_json(self.args, result)
         if not self.args.no_report:
             from .report import write_report

@@ -125,7 +125,10 @@ def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
             cnt = C.counter_phase(m0, srv.metrics())
             warm = {"failed": sum(not r.ok for r in res), "wall_s": round(wall, 2), "counters": cnt,
                     "saves": C.save_rates(cnt, wall)}
-        points = [_point(client, docs, run, arm, n, srv) for n in run.params["users"]]
+        points = []
+        for n in run.params["users"]:
+            points.append(_point(client, docs, run, arm, n, srv))
+            run.checkpoint(arm, points[-1])
         start_s = srv.start_seconds
     return {"engine_start_s": round(start_s, 1), "warmup": warm, "points": points}
 
