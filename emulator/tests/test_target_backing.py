@@ -60,6 +60,8 @@ def test_a_file_in_ram_is_bounded_by_the_memory_available_too(tmp_path, monkeypa
         pytest.skip("no tmpfs at /dev/shm")
     if B.filesystem_type(tmp_path) in B.RAM_FILESYSTEMS:
         pytest.skip("the test's directory is in RAM too: no disk to compare with")
+    if os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize < 1 << 30:
+        pytest.skip("under 1 GiB free in /dev/shm")
     monkeypatch.setattr(B, "ram_available", lambda: 1 << 30)  # as if 1 GiB of RAM were left
     why = B.shortfall(2 << 30, os.path.join(shm, "card.img"))
     assert why is not None and "tmpfs, in RAM" in why and "stalls the host" in why
@@ -103,3 +105,16 @@ def test_overcommit_in_a_config_and_its_validation() -> None:
         AdpSettings(overcommit="yes").validate()  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="backing_overcommit"):
         TargetSettings(backing_overcommit=1)  # type: ignore[arg-type]
+
+
+def test_a_link_is_measured_where_it_leads_and_mount_paths_are_unescaped(tmp_path) -> None:
+    assert B.unescape_mount_path(r"/mnt/a\040b\011c\134d") == "/mnt/a b\tc\\d"
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or B.filesystem_type(shm) not in B.RAM_FILESYSTEMS:
+        pytest.skip("no tmpfs at /dev/shm")
+    if B.filesystem_type(tmp_path) in B.RAM_FILESYSTEMS:
+        pytest.skip("the test's directory is in RAM too")
+    link = tmp_path / "card.img"
+    link.symlink_to(os.path.join(shm, f"adp-test-{os.getpid()}.img"))
+    assert B.backing_room(str(link)).in_ram and B.backing_room(str(link)).where == shm
+    assert not B.backing_room(str(tmp_path / "plain.img")).in_ram  # control: a file of the disk itself

@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target.start()
     except BackingError as e:
-        print(f"adp-emulator: {'--backing' if settings.backing_path else '--capacity'}: {e}", file=sys.stderr)
+        opt = "--backing: " if settings.backing_path else "--capacity: " if "does not fit" in str(e) else ""
+        print(f"adp-emulator: {opt}{e}", file=sys.stderr)
         return 2
     except OSError as e:
         hint = " (not an address of this machine)" if e.errno == errno.EADDRNOTAVAIL else \

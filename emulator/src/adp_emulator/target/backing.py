@@ -11,10 +11,12 @@ target refuses such a namespace at start, unless told to overcommit.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})  # filesystems whose files live in RAM
+UNBOUNDED = 1 << 62  # the room where no bound is known
 
 
 @dataclass(frozen=True)
@@ -28,44 +30,87 @@ class BackingRoom:
     held: int
 
 
-def ram_available() -> int:
-    """MemAvailable from /proc/meminfo in bytes (what can be allocated without swapping)."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("MemAvailable missing from /proc/meminfo")
+def ram_available() -> int | None:
+    """Bytes of RAM this process can still fill without swapping: MemAvailable from /proc/meminfo, lowered to what
+    its cgroup allows (memory.max less memory.current, cgroup v2) where one limits it; None where neither is
+    readable (no bound is known)."""
+    avail: int | None = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
+        if rel is not None:
+            base = os.path.join("/sys/fs/cgroup", rel.lstrip("/"))
+            with open(os.path.join(base, "memory.max")) as f:
+                limit = f.read().strip()
+            if limit != "max":
+                with open(os.path.join(base, "memory.current")) as f:
+                    left = max(0, int(limit) - int(f.read()))
+                avail = left if avail is None else min(avail, left)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def unescape_mount_path(text: str) -> str:
+    """A mount point as /proc/self/mountinfo writes it, with its octal escapes (space, tab, newline, backslash)
+    undone."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), text)
 
 
 def filesystem_type(directory: str | Path) -> str:
-    """The type of the filesystem mounted at ``directory`` or above it (from /proc/self/mountinfo)."""
+    """The type of the filesystem mounted at ``directory`` or above it (from /proc/self/mountinfo; "unknown" where
+    that cannot be read)."""
     target = os.path.realpath(directory)
     best, fstype = "", "unknown"
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            head, _, tail = line.partition(" - ")
-            mount = head.split()[4].replace("\\040", " ")
-            inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-            if inside and len(mount) >= len(best):
-                best, fstype = mount, tail.split()[0]
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.readlines()
+    except OSError:
+        return fstype
+    for line in lines:
+        head, _, tail = line.partition(" - ")
+        fields, kinds = head.split(), tail.split()
+        if len(fields) < 5 or not kinds:
+            continue
+        mount = unescape_mount_path(fields[4])
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, fstype = mount, kinds[0]
     return fstype
 
 
 def backing_room(path: str | None) -> BackingRoom:
-    """The room left for a namespace backed by the file at ``path`` (None: a memfd in RAM)."""
+    """The room left for a namespace backed by the file at ``path`` (None: a memfd in RAM); a file that is a link
+    is measured where it leads."""
     if path is None:
-        return BackingRoom("RAM", "memfd", True, ram_available(), 0)
-    directory = os.path.dirname(os.path.abspath(path))
+        avail = ram_available()
+        return BackingRoom("RAM", "memfd", True, UNBOUNDED if avail is None else avail, 0)
+    real = os.path.realpath(path)
+    directory = os.path.dirname(real)
     st = os.statvfs(directory)
-    room = st.f_bavail * st.f_frsize
-    try:
-        held = os.stat(path).st_blocks * 512
-    except FileNotFoundError:
-        held = 0
     fstype = filesystem_type(directory)
     in_ram = fstype in RAM_FILESYSTEMS
+    # ramfs, and tmpfs mounted with size=0, have no size of their own: only RAM bounds them
+    room = UNBOUNDED if in_ram and st.f_blocks == 0 else st.f_bavail * st.f_frsize
+    try:
+        held = os.stat(real).st_blocks * 512
+    except FileNotFoundError:
+        held = 0
     if in_ram:
-        room = min(room, ram_available())
+        avail = ram_available()
+        if avail is not None:
+            room = min(room, avail)
     return BackingRoom(directory, fstype, in_ram, room, held)
 
 
