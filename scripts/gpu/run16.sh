@@ -37,6 +37,7 @@ R=/root/res${RUN16_TAG:+-$RUN16_TAG}
 mkdir -p $R
 export TMPDIR=/dev/shm
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; lscpu | grep "Model name"; free -g;
+  df -h /dev/shm /tmp;
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)";
   env -u PYTHONPATH python3 -m pip list 2>/dev/null | grep -iE '^(nvidia|cuda|torch|triton)'; } \
   > $R/host.txt 2>&1
@@ -81,7 +82,8 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     y) BENCH_ARGS="--agents 16 --history-len 20000 --turns 3 --arms adp --target-workers 8 --card-bytes 32G \
 --connector-opt admission=always" $v agents $R/y ;;
     # issue 14: the sweep with the defaults, to 128 users, on a 96 GiB card: the preset's 512 GiB does not fit in
-    # /dev/shm on this 125 GiB host (run 21's 192-user point stalled the host at ~112 GiB written; bench refuses it now)
+    # /dev/shm on this 125 GiB host (run 21's 192-user point stalled the host at ~112 GiB written). Run 17 wrote 107 GB
+    # to 128 users on a card that never filled: here the top points run on a full card, under admission
     d) BENCH_ARGS="--users ${SWEEP_USERS:-1,16,64,128} --arms baseline,adp --target-workers 8 --card-bytes 96G" \
          $v sweep $R/d ;;
     # issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside

@@ -531,17 +531,19 @@ class _SavesLanding:
 
 
 def test_sweep_points_start_once_the_saves_before_them_have_landed() -> None:
-    """``settle`` waits while save outcomes move (the warm-up's saves ran on into run 17's first point) and returns
-    after two quiet probes; probes are under one block, so they save nothing. Control: a server whose saves never
-    stop is waited for until the timeout only."""
+    """``settle`` waits while save outcomes move (the warm-up's saves ran on into run 17's first point) until none
+    has moved for ``quiet_s``, and counts what landed meanwhile; probes are under one block, so they save nothing.
+    Control: a server whose saves never stop is waited for until the timeout only, and says it did not settle."""
     from adp_testbed.bench import sweep
 
     srv = _SavesLanding(busy=5)
-    sweep.settle(srv, srv, seed=0, interval_s=0.0)  # type: ignore[arg-type]
-    assert srv.busy == 0 and len(srv.probes) == 5 + 2 and set(srv.probes) == {sweep.SETTLE_PROBE_TOKENS}
+    got = sweep.settle(srv, srv, seed=0, interval_s=0.0, quiet_s=0.05)  # type: ignore[arg-type]
+    # the first read is the reference (its 100 landed before settle began), the next four landed while it waited
+    assert srv.busy == 0 and got["settled"] and got["landed"]["adp_kv_pages_saved"] == 400
+    assert got["s"] >= 0.05 and set(srv.probes) == {sweep.SETTLE_PROBE_TOKENS}
     quiet = _SavesLanding(busy=0)
-    sweep.settle(quiet, quiet, seed=0, interval_s=0.0)  # type: ignore[arg-type]
-    assert len(quiet.probes) == 3  # the first read sets the reference, then two quiet ones
+    got = sweep.settle(quiet, quiet, seed=0, interval_s=0.01, quiet_s=0.05)  # type: ignore[arg-type]
+    assert got["settled"] and got["landed"]["adp_kv_pages_saved"] == 0 and 0.05 <= got["s"] < 1.0
     endless = _SavesLanding(busy=10**9)
-    waited = sweep.settle(endless, endless, seed=0, interval_s=0.01, timeout_s=0.2)  # type: ignore[arg-type]
-    assert endless.busy > 0 and 0.2 <= waited < 1.0
+    got = sweep.settle(endless, endless, seed=0, interval_s=0.01, timeout_s=0.2, quiet_s=0.05)  # type: ignore[arg-type]
+    assert endless.busy > 0 and not got["settled"] and 0.2 <= got["s"] < 1.0 and got["landed"]["adp_kv_pages_saved"] > 0

@@ -22,5 +22,15 @@ cp /root/part-d.tgz "$OUT"/ 2>/dev/null; tar czf "$OUT"/partial-d.tgz -C /root/r
 #        -> agents16-card32g-declined-not-failed/ (tree), old-tree/agents16-card32g-declined-as-failed/ (tree-old)
 #   d) BENCH_ARGS="--users 1,16,64,128,192 --arms baseline,adp --target-workers 8" $v sweep
 #        -> sweep-to-192-unfinished/ (run21.log: the bench's progress lines; points-from-log.json: each point's last
-#           line, extracted here with the short Python in docs/benchmarks.md "Run 21")
+#           line, extracted here, in sweep-to-192-unfinished/, with the Python below)
+# python3 - <<'EOF'
+# import json, re
+# pts = {}
+# for line in open("run21.log"):
+#     m = re.match(r"(baseline|adp) (\d+) user\(s\): (\d+)/(\d+) \(([\d.]+) s\)", line)
+#     if m:
+#         arm, u, done, tot, t = m.groups()
+#         pts.setdefault(arm, {})[u] = {"done": int(done), "requests": int(tot), "wall_s": float(t)}
+# ...  # written as "points", with the GPU, host cores and RAM from host.txt, and adp_over_baseline_wall per point
+# EOF
 # 1,763 of 1,800 s of device time.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from adp_connector.vllm.config import ConfigError, parse_config
-from adp_emulator.target.backing import shortfall
+from adp_emulator.target.backing import backing_room, shortfall
 
 from .. import options as O
 from ..hostinfo import host_info
@@ -135,8 +135,10 @@ class Run:
             raise O.UsageError(f"testbed bench {scenario}: --profile-gil needs --profile ARMS")
         if self.profile and SV.py_spy() is None:
             raise O.UsageError(f"testbed bench {scenario}: --profile needs py-spy (pip install py-spy)")
+        self.card_bytes = args.card_bytes or run["target_capacity_bytes"]  # the local emulator's card
+        self.card_note: str | None = None  # why the card is not the size asked for, if it is not
         if "adp" in self.arms and not args.target:
-            self._check_card_room(args.card_bytes or run["target_capacity_bytes"])
+            self._size_card(args.card_bytes, run["target_capacity_bytes"])
         try:  # a bad --connector-opt fails here, not after the other arms have run
             parse_config(dict(args.connector_opt))
         except ConfigError as e:
@@ -154,16 +156,31 @@ class Run:
         self.model = SV.resolve_model(engine["model"], py)
         self.card: LocalCard | None = None  # the adp arm's local emulator while it runs (None for --target)
         self._finished_points: dict[str, list[dict[str, Any]]] = {}  # per arm, for results.partial.json
+        self._host: dict[str, Any] | None = None  # host_info(), once (it asks nvidia-smi)
 
-    def _check_card_room(self, capacity: int) -> None:
-        """Refuse, before any arm runs, a local card its directory ($TMPDIR) cannot hold in full; in RAM (tmpfs) with
-        an eighth of the host's memory (at least 2 GiB) left to the engine and this harness. GPU run 21: a 512 GiB
-        card in /dev/shm on a 125 GiB host stalled the engine once ~112 GiB were written."""
+    def _size_card(self, asked: int | None, preset: int) -> None:
+        """Fit the adp arm's local card where it is made ($TMPDIR), before any arm runs. In RAM (tmpfs) an eighth of
+        the host's memory (at least 2 GiB) stays free for the engine and this harness. A ``--card-bytes`` that does
+        not fit is refused; the preset's size, where it does not fit, becomes the largest whole GiB that does (said
+        on stderr and recorded as ``budgets.card_note``). GPU run 21: the gpu preset's 512 GiB card in /dev/shm on
+        a 125 GiB host stalled the host once ~112 GiB were written."""
         reserve = max(2 << 30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8)
-        why = shortfall(capacity, str(Path(tempfile.gettempdir()) / "card.img"), reserve=reserve)
-        if why:
+        fresh = str(Path(tempfile.gettempdir()) / f"adp-bench-card-{uuid.uuid4().hex}.img")  # holds nothing yet
+        why = shortfall(asked or preset, fresh, reserve=reserve)
+        if why is None:
+            return
+        if asked:
             raise O.UsageError(f"testbed bench {self.scenario}: the adp arm's card: {why}; pass a smaller "
                                "--card-bytes, or point TMPDIR at a filesystem that holds it")
+        room = backing_room(fresh)
+        fit = ((room.room - (reserve if room.in_ram else 0)) >> 30) << 30
+        if fit < 1 << 30:
+            raise O.UsageError(f"testbed bench {self.scenario}: the adp arm's card: {why}; not even 1 GiB fits: "
+                               "point TMPDIR at a filesystem with room")
+        self.card_bytes = fit
+        self.card_note = (f"{format_size(fit)}, not the {self.args.preset} preset's {format_size(preset)}: {why}; "
+                          "--card-bytes chooses")
+        print(f"[{self.scenario}] card: {self.card_note}", file=sys.stderr)
 
     def spec(self, kv_transfer: dict[str, Any] | None) -> SV.EngineSpec:
         e = self.engine
@@ -200,7 +217,7 @@ class Run:
             return
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="adp-bench-card-"))
-            t = stack.enter_context(LocalTarget(capacity=self.args.card_bytes or self.settings["target_capacity_bytes"],
+            t = stack.enter_context(LocalTarget(capacity=self.card_bytes,
                                                 backing=str(Path(tmp) / "card.img"),
                                                 io_workers=self.args.target_workers, mdts=self.args.target_mdts))
             workers = f", {self.args.target_workers} I/O workers" if self.args.target_workers else ""
@@ -239,9 +256,10 @@ class Run:
                     res = body(arm, kv)
                 arms[arm] = {"available": True, "reason": None, "target": target, **res,
                              "wall_s": round(time.monotonic() - t, 1)}
-            except Exception as e:  # an arm that cannot run is a result, with its reason
+            except Exception as e:  # an arm that cannot run is a result, with its reason (and the points it finished)
                 arms[arm] = {"available": False, "reason": f"{type(e).__name__}: {e}"[:4000],
-                             "wall_s": round(time.monotonic() - t, 1)}
+                             "wall_s": round(time.monotonic() - t, 1),
+                             "finished_points": self._finished_points.get(arm, [])}
                 print(f"[{self.scenario}] arm {arm}: unavailable ({type(e).__name__}: {str(e)[:300]})",
                       file=sys.stderr)
         return arms
@@ -251,13 +269,18 @@ class Run:
         run that dies or loses its machine keeps the points it finished; :meth:`finish` removes it. GPU run 21 lost
         every TTFT of a sweep whose last point stalled, because results.json is written at the end."""
         self._finished_points.setdefault(arm, []).append(point)
+        if self._host is None:
+            self._host = host_info()
         doc = {"schema": SCHEMA_VERSION, "scenario": self.scenario, "complete": False, "preset": self.args.preset,
                "run_id": self.run_id, "params": self.params, "engine": {**self.engine, "model": self.model},
-               "environment": host_info(), "connector_options": dict(self.args.connector_opt),
+               "environment": self._host, "connector_options": dict(self.args.connector_opt),
                "points": self._finished_points, "wall_s": round(time.monotonic() - self.t0, 1)}
         tmp = self.out / "results.partial.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(self.out / "results.partial.json")
+        try:  # best effort: a checkpoint that cannot be written must not cost the run
+            tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+            tmp.replace(self.out / "results.partial.json")
+        except OSError as e:
+            print(f"[{self.scenario}] results.partial.json not written: {e}", file=sys.stderr)
 
     def finish(self, arms: dict[str, dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Assemble, write results.json (and --json) and the report; returns the results."""
@@ -273,8 +296,7 @@ class Run:
             "connector_options": dict(self.args.connector_opt),
             "profiled_arms": self.profile,
             "profiled_lock_holder_only": bool(self.args.profile_gil),
-            "budgets": {"card_bytes": None if self.args.target else
-                        self.args.card_bytes or self.settings["target_capacity_bytes"],
+            "budgets": {"card_bytes": None if self.args.target else self.card_bytes, "card_note": self.card_note,
                         "offload_cpu_bytes": self.args.offload_bytes or self.settings["offload_cpu_bytes"]},
             "arms": arms, **(extra or {}), "wall_s": round(time.monotonic() - self.t0, 1),
         }

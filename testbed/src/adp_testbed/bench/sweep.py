@@ -57,36 +57,49 @@ def _user(client: Client, docs: list[list[int]], run: C.Run, users: int, u: int,
 # with a step, so the probes below drive one)
 SETTLE_COUNTERS = ("adp_kv_pages_saved", "adp_kv_saves_dropped", "adp_kv_save_errors", "adp_kv_saves_not_admitted")
 SETTLE_PROBE_TOKENS = 8  # under one block: a probe fills no block, so it saves nothing itself
+SETTLE_QUIET_S = 3.0  # no outcome for this long: twice a save batch's mean time under load (run 21 warm-up: ~1.5 s)
 SETTLE_TIMEOUT_S = 180.0
 
 
-def settle(client: Client, srv: Any, seed: int, interval_s: float = 0.5, timeout_s: float = SETTLE_TIMEOUT_S) -> float:
-    """Wait until the saves of the phase before have landed (or dropped); returns the seconds waited.
+def settle(client: Client, srv: Any, seed: int, interval_s: float = 0.5, timeout_s: float = SETTLE_TIMEOUT_S,
+           quiet_s: float = SETTLE_QUIET_S) -> dict[str, Any]:
+    """Wait until the saves of the phase before have landed (or dropped); returns ``{"s": seconds waited,
+    "settled": whether it went quiet before ``timeout_s``, "landed": each save outcome counted meanwhile}``.
 
     Each point starts from a quiet card, so it measures its own traffic: the warm-up's 64 documents ask the card for
     ~49 GB of saves, which ran on into the first point (GPU run 17: the 1-user point wrote 3,096 of them). A probe
-    request of a few tokens every ``interval_s`` gives the engine a step; settled is two probes in a row with no save
-    outcome counted. An arm without the connector settles at its second probe.
+    request of a few tokens every ``interval_s`` gives the engine a step; settled is ``quiet_s`` with no save outcome
+    counted. What landed meanwhile belongs to the phase before (its counters were read before it had landed).
     """
+    def outcomes() -> tuple[float, ...]:
+        cnt = SV.counters(srv.metrics())
+        return tuple(cnt.get(k, 0.0) for k in SETTLE_COUNTERS)
+
     t0 = time.perf_counter()
-    last: tuple[float, ...] | None = None
-    quiet = 0
+    first = last = outcomes()
+    quiet_since = t0
+    settled = False
     i = 0
-    while time.perf_counter() - t0 < timeout_s:
+    while True:
         client.complete(tokens(f"settle-{seed}-{i}", SETTLE_PROBE_TOKENS), 1)
         i += 1
-        cnt = SV.counters(srv.metrics())
-        now = tuple(cnt.get(k, 0.0) for k in SETTLE_COUNTERS)
-        quiet = quiet + 1 if now == last else 0
-        if quiet >= 2:
-            break
+        now = outcomes()
+        t = time.perf_counter()
+        if now != last:
+            quiet_since = t
         last = now
+        if t - quiet_since >= quiet_s:
+            settled = True
+            break
+        if t - t0 >= timeout_s:
+            break
         time.sleep(interval_s)
-    return round(time.perf_counter() - t0, 2)
+    landed = {k: b - a for k, a, b in zip(SETTLE_COUNTERS, first, last, strict=True)}
+    return {"s": round(time.perf_counter() - t0, 2), "settled": settled, "landed": landed}
 
 
 def _point(client: Client, docs: list[list[int]], run: C.Run, arm: str, users: int, srv: Any) -> dict[str, Any]:
-    settle_s = settle(client, srv, run.args.seed)
+    before = settle(client, srv, run.args.seed)
     bar = Progress(users * run.params["requests_per_user"], f"{arm} {users} user(s)")
     m0 = srv.metrics()
     t0 = time.perf_counter()
@@ -99,7 +112,8 @@ def _point(client: Client, docs: list[list[int]], run: C.Run, arm: str, users: i
     errors = sorted({r.error for r in reqs if r.error})[:5]
     return {
         "users": users, "requests": len(reqs), "failed": len(reqs) - len(ok), "errors": errors,
-        "settle_s": settle_s, "wall_s": round(wall, 2),
+        "settle_s": before["s"], "settled": before["settled"], "landed_while_settling": before["landed"],
+        "wall_s": round(wall, 2),
         "ttft_s": summary([r.ttft_s for r in ok if r.ttft_s is not None]),
         "latency_s": summary([r.latency_s for r in ok if r.latency_s is not None]),
         "output_tps": round(sum(r.output_tokens for r in ok) / wall, 2),
