@@ -199,6 +199,8 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         ([*sd, "up", "--port", "0", "--nqn", "hello world"], "not an NQN"),
         ([*sd, "up", "--port", "0", "--host", "10.255.255.1"], "not an address of this machine"),
         ([*sd, "up", "--port", "0", "--timeout", "inf"], "positive, finite"),
+        ([*sd, "up", "--port", "0", "--capacity", "64T"], "does not fit in RAM"),
+        ([*sd, "up", "--backend", "kernel", "--overcommit"], "--overcommit is for the userspace target"),
     ]
 
 
@@ -209,6 +211,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert r.returncode == 2, (argv, r.returncode, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and want in lines[0], (argv, r.stderr)
+
+
+def test_output_read_only_in_part_is_not_a_crash(tmp_path: Path) -> None:
+    """`testbed status | head -1`: the reader goes away before testbed writes; exit 0, no traceback. Control: the
+    same command read to the end prints its line."""
+    argv = [*RUN, "--state-dir", str(tmp_path / "sd"), "status"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # before the interpreter has started: its first write finds no reader
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and "Traceback" not in err and "crashed" not in err, err
+    whole = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert whole.returncode == 0 and whole.stdout.strip() == "no target is up"
 
 
 # ------------------------------------------------------------------------------------------------

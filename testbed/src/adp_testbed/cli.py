@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import traceback
 from importlib import metadata
@@ -58,6 +59,8 @@ def _check_up_args(args: argparse.Namespace) -> None:
             raise CliError(f"--backing {b} is not a regular file on a disk")
     if args.allow_host and args.allow_any_host:
         raise CliError("--allow-host and --allow-any-host contradict each other; give one")
+    if args.overcommit and args.backend != "user":
+        raise CliError("--overcommit is for the userspace target (--backend user)")
 
 
 def _listen_address(args: argparse.Namespace) -> tuple[str | None, int | None]:
@@ -78,7 +81,8 @@ def _spawn_userspace(args: argparse.Namespace, sdir: Path) -> S.TargetState:
         nqn=None if args.config else args.nqn, capacity=None if args.config else args.capacity,
         lba_size=None if args.config else args.lba_size, mdts=None if args.config else args.mdts,
         backing=args.backing, allow_hosts=args.allow_host, allow_any_host=args.allow_any_host,
-        mgmt_port=args.mgmt_port, mgmt_token_file=str(sdir / MGMT_TOKEN_FILE), io_workers=args.io_workers)
+        mgmt_port=args.mgmt_port, mgmt_token_file=str(sdir / MGMT_TOKEN_FILE), io_workers=args.io_workers,
+        overcommit=args.overcommit)
     try:
         got = T.launch_userspace(cmd, sdir / "target.log", timeout=args.timeout)
     except T.LaunchError as e:
@@ -286,6 +290,9 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mdts", type=parse_size, default=parse_size("128K"),
                    help="max data transfer size, a power of two from 4K to 128M (default 128K)")
     p.add_argument("--backing", type=O.path, help="file backing the namespace (persists across restarts); default RAM")
+    p.add_argument("--overcommit", action="store_true",
+                   help="userspace backend: serve a namespace larger than its backing can still take (sparse; "
+                        "refused by default: writing past the room kills the target or, in RAM, stalls the host)")
     p.add_argument("--io-workers", type=O.int_in(0, 256), default=None, metavar="N",
                    help="userspace backend: serve I/O queues in N worker processes (default 0: one process)")
     p.add_argument("--config", type=O.path, metavar="FILE",
@@ -391,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         return O.EXIT_USAGE
     except KeyboardInterrupt:
         return O.EXIT_INTERRUPTED
+    except BrokenPipeError:  # whoever read our output stopped reading (`testbed status | head -1`): not a crash
+        with contextlib.suppress(OSError):  # and no second error when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return O.EXIT_OK
     except SystemExit:
         raise
     except Exception:

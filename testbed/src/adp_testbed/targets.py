@@ -117,7 +117,7 @@ def userspace_command(host: str | None = "127.0.0.1", port: int | None = 0, nqn:
                       backing: str | None = None, config: str | None = None, allow_hosts: list[str] | None = None,
                       allow_any_host: bool = False, mgmt_port: int | None = None,
                       mgmt_token_file: str | None = None, io_workers: int | None = None,
-                      copy_reads: bool = False) -> list[str]:
+                      copy_reads: bool = False, overcommit: bool = False) -> list[str]:
     """``adp_emulator serve`` with these options; ``host``/``port`` None: not given (a --config's own)."""
     cmd = [sys.executable, "-u", "-m", "adp_emulator", "serve"]
     if host is not None:
@@ -142,6 +142,8 @@ def userspace_command(host: str | None = "127.0.0.1", port: int | None = 0, nqn:
         cmd.append("--allow-any-host")
     if copy_reads:
         cmd.append("--copy-reads")
+    if overcommit:
+        cmd.append("--overcommit")
     return cmd
 
 
