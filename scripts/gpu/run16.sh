@@ -28,6 +28,9 @@
 #   source .vllm-gpu/bin/device-install.sh && rm -rf /root/tree && cp -a . /root/tree && cd /root/tree &&
 #     STEPS="c l" bash scripts/gpu/bg.sh start run16 bash scripts/gpu/run16.sh
 #   bash scripts/gpu/bg.sh wait run16 540; cp /root/part-*.tgz "$OUT"/
+# A step archives itself only when it ends: in the last wait call also take what the running step has written so far
+# (the bench's results.partial.json holds every point it finished; run 21 lost a sweep's TTFTs without it):
+#   tar czf "$OUT"/partial.tgz -C /root/res . 2>/dev/null; cp /root/bg/run16.log "$OUT"/
 # RUN16_TAG=T keeps a second tree's results apart (an A/B of two trees on one machine): $R becomes /root/res-T and the
 # archives /root/part-T-X.tgz. SWEEP_USERS sets step d's user counts (default 1,16,64,128).
 set -u
