@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "mgmt":
         return _main_mgmt(args)
     from adp_emulator.target import UserspaceTarget
-    from adp_emulator.target.server import BackingError
+    from adp_emulator.target.server import BackingError, BackingTooSmall
 
     try:
         settings = _settings(args)
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target.start()
     except BackingError as e:
-        opt = "--backing: " if settings.backing_path else "--capacity: " if "does not fit" in str(e) else ""
+        opt = "--backing: " if settings.backing_path else "--capacity: " if isinstance(e, BackingTooSmall) else ""
         print(f"adp-emulator: {opt}{e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 
-def _mem_total_bytes() -> int | None:
+def mem_total_bytes() -> int | None:
+    """The host's RAM (MemTotal), None where /proc/meminfo cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -53,4 +54,4 @@ def host_info() -> dict[str, Any]:
     summary = (f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)) if names else None
     return {"host": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
             "gpus": g, "gpu_count": len(g), "gpu": summary, "cpu_model": _cpu_model(), "cpu_cores": usable,
-            "mem_total_bytes": _mem_total_bytes(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "mem_total_bytes": mem_total_bytes(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

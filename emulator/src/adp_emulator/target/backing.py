@@ -29,6 +29,27 @@ class BackingRoom:
     room: int
     held: int
 
+    def writable(self, reserve: int = 0) -> int:
+        """Bytes that can still be written, leaving ``reserve`` bytes of RAM to other processes where the bytes live
+        in RAM."""
+        return self.room - (reserve if self.in_ram else 0)
+
+    def shortfall(self, capacity: int, reserve: int = 0) -> str | None:
+        """Why a namespace of ``capacity`` bytes cannot be written in full here (what its file does not hold yet
+        must be :meth:`writable`), or None if it can."""
+        if max(0, capacity - self.held) <= self.writable(reserve):
+            return None
+        kind = ("MemAvailable" if self.fstype == "memfd" else "in RAM: free space and MemAvailable" if self.in_ram
+                else "free space")
+        keep = f" (less {_gib(reserve)} of RAM left to the other processes)" if reserve and self.in_ram else ""
+        harm = "stalls the host" if self.in_ram else "kills the target (SIGBUS)"
+        return (f"a {_gib(capacity)} namespace does not fit in {self.where} ({self.fstype}, {kind}): "
+                f"{_gib(self.room)} more can be written there{keep}, and writing past that {harm}")
+
+
+class NoRoom(ValueError):
+    """A namespace larger than its backing can hold (:meth:`BackingRoom.shortfall`)."""
+
 
 def ram_available() -> int | None:
     """Bytes of RAM this process can still fill without swapping: MemAvailable from /proc/meminfo, lowered to what
@@ -117,15 +138,7 @@ def backing_room(path: str | None) -> BackingRoom:
 def shortfall(capacity: int, path: str | None, reserve: int = 0) -> str | None:
     """Why a namespace of ``capacity`` bytes at ``path`` (None: RAM) cannot be written in full while leaving
     ``reserve`` bytes of RAM to other processes (counted only where the bytes live in RAM), or None if it can."""
-    r = backing_room(path)
-    need = max(0, capacity - r.held) + (reserve if r.in_ram else 0)
-    if need <= r.room:
-        return None
-    kind = "MemAvailable" if path is None else "in RAM: free space and MemAvailable" if r.in_ram else "free space"
-    keep = f" (less {_gib(reserve)} of RAM left to the other processes)" if reserve and r.in_ram else ""
-    harm = "stalls the host" if r.in_ram else "kills the target (SIGBUS)"
-    return (f"a {_gib(capacity)} namespace does not fit in {r.where} ({r.fstype}, {kind}): {_gib(r.room)} more can "
-            f"be written there{keep}, and writing past that {harm}")
+    return backing_room(path).shortfall(capacity, reserve)
 
 
 def _gib(n: int) -> str:

@@ -10,7 +10,7 @@ import mmap
 import os
 import uuid
 
-from .backing import shortfall
+from .backing import NoRoom, shortfall
 
 _ZERO_CHUNK = bytes(1 << 20)
 _PAGE = mmap.PAGESIZE
@@ -21,7 +21,7 @@ class Namespace:
 
     ``view`` is a memoryview over the whole store: reads send slices of it, writes receive
     straight into slices of it (no intermediate copies). A new store that its backing cannot hold in full raises
-    ValueError (:func:`.backing.shortfall`) unless ``overcommit``.
+    :class:`.backing.NoRoom` (:func:`.backing.shortfall`) unless ``overcommit``.
     """
 
     def __init__(self, nsid: int, capacity: int, lba_size: int, path: str | None = None,
@@ -36,7 +36,7 @@ class Namespace:
         if fd is None and not overcommit:
             why = shortfall(capacity, path)
             if why:
-                raise ValueError(f"{why}; lower the capacity, or accept that with --overcommit (adp.overcommit)")
+                raise NoRoom(f"{why}; lower the capacity, or accept that with --overcommit (adp.overcommit)")
         if fd is not None:  # a worker process maps its owner's store
             self._fd = os.dup(fd)
         elif path:

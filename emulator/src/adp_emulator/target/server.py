@@ -13,6 +13,7 @@ from typing import Any
 from adp_wire.constants import CSTS_CFS
 
 from . import controller as C
+from .backing import NoRoom
 from .connection import Connection
 from .controller import Controller
 from .counters import IoCounters
@@ -34,6 +35,10 @@ ACCEPT_BACKOFF_S = (0.005, 0.5)  # first and longest sleep after a failed accept
 
 class BackingError(OSError):
     """The namespace's backing cannot be opened or mapped (a bad ``backing_path``), or cannot hold the capacity."""
+
+
+class BackingTooSmall(BackingError):
+    """The namespace's backing cannot hold the capacity (target/backing.py)."""
 
 
 class ListenerCounters:
@@ -92,7 +97,8 @@ class UserspaceTarget:
                                            overcommit=s.backing_overcommit)
         except (OSError, ValueError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise BackingError(f"cannot use {s.backing_path or 'RAM'} as the namespace backing: {why}") from None
+            kind = BackingTooSmall if isinstance(e, NoRoom) else BackingError
+            raise kind(f"cannot use {s.backing_path or 'RAM'} as the namespace backing: {why}") from None
         self._retired[1] = IoCounters()
         family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
         lst = socket.socket(family, socket.SOCK_STREAM)

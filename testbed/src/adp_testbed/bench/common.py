@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -22,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from adp_connector.vllm.config import ConfigError, parse_config
-from adp_emulator.target.backing import backing_room, shortfall
+from adp_emulator.target.backing import backing_room
 
 from .. import options as O
-from ..hostinfo import host_info
+from ..hostinfo import host_info, mem_total_bytes
 from ..sizes import format_size, mdts_size, parse_size
 from ..targets import LocalTarget, connect_existing, namespace_contents
 from . import serve as SV
@@ -164,16 +163,15 @@ class Run:
         not fit is refused; the preset's size, where it does not fit, becomes the largest whole GiB that does (said
         on stderr and recorded as ``budgets.card_note``). GPU run 21: the gpu preset's 512 GiB card in /dev/shm on
         a 125 GiB host stalled the host once ~112 GiB were written."""
-        reserve = max(2 << 30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8)
-        fresh = str(Path(tempfile.gettempdir()) / f"adp-bench-card-{uuid.uuid4().hex}.img")  # holds nothing yet
-        why = shortfall(asked or preset, fresh, reserve=reserve)
+        reserve = max(2 << 30, (mem_total_bytes() or 0) // 8)
+        room = backing_room(str(Path(tempfile.gettempdir()) / f"adp-bench-card-{uuid.uuid4().hex}.img"))  # a new file
+        why = room.shortfall(asked or preset, reserve)
         if why is None:
             return
         if asked:
             raise O.UsageError(f"testbed bench {self.scenario}: the adp arm's card: {why}; pass a smaller "
                                "--card-bytes, or point TMPDIR at a filesystem that holds it")
-        room = backing_room(fresh)
-        fit = ((room.room - (reserve if room.in_ram else 0)) >> 30) << 30
+        fit = (room.writable(reserve) >> 30) << 30
         if fit < 1 << 30:
             raise O.UsageError(f"testbed bench {self.scenario}: the adp arm's card: {why}; not even 1 GiB fits: "
                                "point TMPDIR at a filesystem with room")
