@@ -8,6 +8,7 @@ from store_testutil import fast_config
 
 from adp_connector.store import KeyNamespace, PageStatus, PageStore, admission
 from adp_connector.store.admission import MAX_COUNT, FrequencySketch
+from adp_connector.store.recency import OwnPages
 
 NS = KeyNamespace("admit", "bf16", "L", 4)
 PAGE = 20_000
@@ -107,12 +108,55 @@ def _shift(rounds: int = 80) -> tuple[int, int, int, int]:
     return out
 
 
-def test_pages_no_longer_asked_for_age_out() -> None:
+def _never_outlived(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages never count as outlived: admission by the counts alone (the halving's own effect)."""
+    monkeypatch.setattr(OwnPages, "outlived", lambda self, key: False)
+
+
+def test_pages_no_longer_asked_for_age_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    _never_outlived(monkeypatch)
     halvings, found, old_left, old_at_first = _shift()
     assert halvings >= 2 and found == 30 and old_left <= old_at_first - 30, (halvings, found, old_left)
 
 
 def test_control_without_halving_saturated_pages_stay_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    _never_outlived(monkeypatch)
     monkeypatch.setattr(admission, "_HALVE", bytes(range(256)))  # a halving that changes nothing
     halvings, found, old_left, old_at_first = _shift()
     assert halvings >= 2 and found == 0 and old_left == old_at_first, (halvings, found, old_left)
+
+
+def test_pages_untouched_past_the_horizon_go_whatever_their_count() -> None:
+    """Saturated counts do not hold a card once their pages stopped being asked for: past twice the card (and the
+    reuse seen) in pages asked, they go to a new set asked for every round, before any halving (GPU run 22: a card
+    full of earlier agents' pages declined 4,776 of the next agents' pages)."""
+    halvings, found, old_left, old_at_first = _shift(rounds=8)
+    assert halvings == 0 and found == 30 and old_left <= old_at_first - 30, (halvings, found, old_left)
+
+
+def test_control_before_any_halving_saturated_pages_hold_the_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    _never_outlived(monkeypatch)
+    halvings, found, old_left, old_at_first = _shift(rounds=8)
+    assert halvings == 0 and found == 0 and old_left == old_at_first, (halvings, found, old_left)
+
+
+def test_a_page_asked_once_displaces_one_untouched_for_two_cards_of_asks() -> None:
+    """Counts decide while the victim is within the horizon; once it has outlived it, the next new page displaces it
+    at its first ask (counted in ``evictions_outlived``), while a page asked for meanwhile stays."""
+    s, rest = _full("frequency")
+    stored = [k for k, present in zip(_chain(200, 0), s.contains(_chain(200, 0)), strict=True) if present]
+    assert s._own.horizon == 2 * len(stored)  # nothing reused yet: twice the card
+    keep = stored[:1]  # the next victim, asked for again below
+    declined = 0
+    for new in rest:
+        _load_prefix(s, keep)  # reused: stays within the horizon (its first reuse, ~one card, widens it)
+        status = _save(s, [new])
+        if status == [PageStatus.OK]:
+            break
+        assert status == [PageStatus.NOT_ADMITTED] and s.stats.evictions_outlived == 0
+        declined += 1
+    assert s._own.horizon == 2 * (len(stored) + 1)  # keep's reuse distance: the card's pages and the page declined
+    # stored[1] was a card old already: it outlived the horizon after about one more card of asks (two per round)
+    assert declined == (s._own.horizon - len(stored)) // 2, declined
+    assert s.stats.evictions_outlived == 1 and not s.contains([stored[1]])[0] and s.contains(keep)[0]
+    s.close()

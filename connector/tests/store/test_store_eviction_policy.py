@@ -8,7 +8,7 @@ from store_testutil import fast_config
 
 from adp_connector.store import KeyNamespace, PageStatus, PageStore, StoreConfig
 from adp_connector.store.core import Loc
-from adp_connector.store.recency import OwnPages
+from adp_connector.store.recency import REUSE_EPOCH_MIN, OwnPages
 
 NS = KeyNamespace("evict", "bf16", "L", 4)
 PAGE = 20_000  # every page the same size: one eviction per page saved once the card is full
@@ -158,6 +158,26 @@ def _pages(n: int, policy: str = "slru", share: float = 0.8) -> OwnPages:
     for i in range(n):
         own[bytes([i])] = Loc(0, i, i, 1, i)
     return own
+
+
+def test_reuse_distance_widens_the_horizon_for_two_epochs() -> None:
+    """A page's age counts pages asked since it was last touched; the horizon is twice the longest reuse distance of
+    the last one to two epochs, at least twice the pages held; a page older than it has outlived it."""
+    own = _pages(4)
+    assert own.clock == 0 and own.horizon == 8
+    own.asked(50)
+    own.touch([bytes([0])])  # asked again after 50 pages: a reuse distance of 50
+    assert own.horizon == 100 and not own.outlived(bytes([1]))
+    own.asked(51)
+    assert own.outlived(bytes([1])) and not own.outlived(bytes([0]))  # 101 and 51 pages asked since their touch
+    own.read_back([bytes([1])])  # touched again (a reuse of 101): young, and a wider horizon
+    assert not own.outlived(bytes([1])) and own.horizon == 202
+    own.asked(REUSE_EPOCH_MIN)  # the first epoch ends: its reuse is remembered one more
+    assert own.horizon == 202
+    own.asked(REUSE_EPOCH_MIN)
+    assert own.horizon == 8  # no reuse for two epochs: back to twice the pages held
+    del own[bytes([2])]
+    assert own.horizon == 6 and own.outlived(bytes([3])) and bytes([2]) not in own._stamp
 
 
 def test_unprotected_pages_go_first_then_protected_ones() -> None:

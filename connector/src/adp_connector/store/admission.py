@@ -11,7 +11,9 @@ Counts are approximate: a count-min sketch (four rows of byte counters, each sat
 keys, which are already uniform hashes, so each row indexes by four of the key's bytes. A key counts once per
 save asked for it (the engine computed it, so it was wanted) and once per page read back. Every ``period``
 counts, all counters are halved, so pages that stopped being asked for lose their standing and new ones get in:
-the writer sets ``period`` to ten times its own pages once the card is full.
+the writer sets ``period`` to ten times its own pages once the card is full. Faster than that, a victim untouched for
+longer than any reuse seen lately goes whatever its count (``OwnPages.outlived``, recency.py): the writer checks that
+before asking the sketch.
 """
 
 from __future__ import annotations

@@ -242,6 +242,13 @@ class StoreCore:
     _closed: bool
     _pool: BatchPool
 
+    def _count_asked(self, keys: list[bytes]) -> None:
+        """Pages asked for (each save asked, each own page read back): counted for admission, and on the own pages'
+        clock (their age, :meth:`OwnPages.outlived`). Call with ``_lock`` held."""
+        if self._freq is not None:
+            self._freq.record(keys)
+        self._own.asked(len(keys))
+
     def _refresh(self) -> None:
         raise NotImplementedError
 

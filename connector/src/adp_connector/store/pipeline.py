@@ -109,8 +109,7 @@ class PipelineMixin(StoreCore):
         stored: list[tuple[int, bytes]] = []  # (index, key) of the own pages found already stored
         with self._lock:
             p = self._partition
-            if self._freq is not None:  # every save asked for is a request for its page
-                self._freq.record(k for k in keys if len(k) == KEY_BYTES)
+            self._count_asked([k for k in keys if len(k) == KEY_BYTES])  # every save asked is a request for its page
             for i, (k, b) in enumerate(zip(keys, buffers, strict=True)):
                 if len(k) != KEY_BYTES:
                     results[i] = PageResult(k, PageStatus.ERROR, 0, "key must be 32 bytes")
@@ -325,9 +324,8 @@ class PipelineMixin(StoreCore):
                     pin = (loc.segment, loc.slot)
                     self._pins[pin] = self._pins.get(pin, 0) + 1
                 ops.append(PageOp(i, k, mv, loc, own=own))
+            self._count_asked(hits)
             self._own.read_back(reversed(hits))  # the head of the batch ends most recent
-            if self._freq is not None:
-                self._freq.record(hits)
         corrupt_own: list[bytes] = []
         stale: list[PageOp] = []
         try:

@@ -6,6 +6,12 @@ are capped at a share of the own pages: over it, the least recent protected page
 of the unprotected order. A cyclic reader (agents taking turns over more sessions than fit) then keeps the pages it
 read back, instead of evicting exactly the ones it needs next. ``lru``: one recency order, a load hit only touches.
 
+Each page also carries when it was last touched, on a clock of pages asked for (saves asked, pages read back), and
+the longest reuse distance seen lately (how long a page went untouched before it was asked for again).
+:meth:`OwnPages.outlived` tells a page untouched for longer than twice that, and than twice the own pages' count: a
+page no workload of late comes back to, which frequency admission then lets go without weighing its count
+(admission.py).
+
 The policy lives in memory only: a re-opened store indexes every page unprotected, oldest sequence first.
 """
 
@@ -16,6 +22,8 @@ from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from itertools import chain
 
 from .core import Loc, check_eviction
+
+REUSE_EPOCH_MIN = 1024  # the reuse distance is remembered over two epochs of max(own pages, this) pages asked
 
 
 class OwnPages(MutableMapping[bytes, Loc]):
@@ -31,6 +39,10 @@ class OwnPages(MutableMapping[bytes, Loc]):
         self.protected_share = protected_share
         self._cold: OrderedDict[bytes, Loc] = OrderedDict()
         self._hot: OrderedDict[bytes, Loc] = OrderedDict()
+        self.clock = 0  # pages asked for so far (:meth:`asked`)
+        self._stamp: dict[bytes, int] = {}  # key -> the clock when it was last touched
+        self._reuse = [0, 0]  # the longest reuse distance seen in the previous epoch and in this one
+        self._epoch_end = REUSE_EPOCH_MIN
 
     # ---------------------------------------------------------------- mapping
 
@@ -43,10 +55,12 @@ class OwnPages(MutableMapping[bytes, Loc]):
         self._hot.pop(key, None)
         self._cold.pop(key, None)
         self._cold[key] = loc
+        self._mark(key)
 
     def __delitem__(self, key: bytes) -> None:
         if self._cold.pop(key, None) is None:
             del self._hot[key]
+        self._stamp.pop(key, None)
 
     def __contains__(self, key: object) -> bool:
         return key in self._cold or key in self._hot
@@ -64,6 +78,34 @@ class OwnPages(MutableMapping[bytes, Loc]):
     def clear(self) -> None:
         self._cold.clear()
         self._hot.clear()
+        self._stamp.clear()
+
+    # ---------------------------------------------------------------- age
+
+    def asked(self, n: int) -> None:
+        """Advance the clock by ``n`` pages asked for (saved or read back, present or not)."""
+        self.clock += n
+        if self.clock >= self._epoch_end:
+            self._reuse = [self._reuse[1], 0]
+            self._epoch_end = self.clock + max(len(self), REUSE_EPOCH_MIN)
+
+    def _mark(self, key: bytes) -> None:
+        """``key`` touched now; a page touched before gives a reuse distance."""
+        last = self._stamp.get(key)
+        if last is not None and self.clock - last > self._reuse[1]:
+            self._reuse[1] = self.clock - last
+        self._stamp[key] = self.clock
+
+    @property
+    def horizon(self) -> int:
+        """Pages asked for beyond which an untouched page counts as outlived: twice the longest reuse distance of the
+        last one to two epochs, or twice the own pages' count if larger (a cyclic working set up to twice the card
+        keeps its standing before any of it was read back)."""
+        return 2 * max(len(self), *self._reuse)
+
+    def outlived(self, key: bytes) -> bool:
+        """Whether ``key`` (present) went untouched for longer than :attr:`horizon`."""
+        return self.clock - self._stamp.get(key, self.clock) > self.horizon
 
     # ---------------------------------------------------------------- recency
 
@@ -82,6 +124,7 @@ class OwnPages(MutableMapping[bytes, Loc]):
             for order in (self._cold, self._hot):
                 if k in order:
                     order.move_to_end(k)
+                    self._mark(k)
                     break
 
     def read_back(self, keys: Iterable[bytes]) -> None:
@@ -94,8 +137,10 @@ class OwnPages(MutableMapping[bytes, Loc]):
             loc = self._cold.pop(k, None)
             if loc is not None:
                 self._hot[k] = loc
+                self._mark(k)
             elif k in self._hot:
                 self._hot.move_to_end(k)
+                self._mark(k)
         self._cap_protected()
 
     def _cap_protected(self) -> None:
@@ -109,6 +154,8 @@ class OwnPages(MutableMapping[bytes, Loc]):
     def add_oldest(self, pages: Iterable[tuple[bytes, Loc]]) -> None:
         """Index ``pages`` (not present yet) as unprotected and older than every page present, in the given order."""
         older = OrderedDict(pages)
+        for k in older:  # their age is unknown: counted from now
+            self._stamp[k] = self.clock
         older.update(self._cold)
         self._cold = older
 

@@ -101,6 +101,7 @@ class StoreStats:
     stale_reads: int = 0        # another writer's page changed under a stale index entry (a miss)
     io_errors: int = 0          # failed device commands (reads, writes, flushes)
     evictions: int = 0
+    evictions_outlived: int = 0  # of which victims untouched past the reuse horizon, evicted without weighing counts
     read_back_elsewhere: int = 0  # own pages another helper of the engine read back (note_read_back)
     reading_noted: int = 0  # own pages named as about to be read (note_reading): made most recent
     discards: int = 0

@@ -38,7 +38,8 @@ class SpaceMixin(StoreCore):
         ``evict``, unpinned own pages are evicted in the order of the eviction policy (:mod:`.recency`; their slots
         listed in ``evicted`` by segment) until it fits. With the new page's key as ``candidate``, the first victim
         goes only if the frequency sketch admits the page over it (:mod:`.admission`; the sketch's halving period
-        set to ten times the own pages, the card's size): else ``NOT_ADMITTED``, nothing evicted."""
+        set to ten times the own pages, the card's size), or if it has outlived the reuse seen lately
+        (:meth:`OwnPages.outlived`): else ``NOT_ADMITTED``, nothing evicted."""
         if nl > self.geometry.data_lbas:
             return PageStatus.NO_SPACE
         freq = self._freq if candidate is not None else None  # None once the first victim has been weighed
@@ -54,7 +55,9 @@ class SpaceMixin(StoreCore):
                 return PageStatus.NO_SPACE
             if freq is not None and candidate is not None:
                 freq.period = max(10 * len(self._own), 1024)
-                if not freq.admits(candidate, victim):
+                if self._own.outlived(victim):  # untouched past any reuse seen lately: goes whatever its count
+                    self.stats.add(evictions_outlived=1)
+                elif not freq.admits(candidate, victim):
                     return PageStatus.NOT_ADMITTED
                 freq = None
             loc = self._own.pop(victim)

@@ -227,9 +227,8 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         of the same engine): ranked for eviction as if this store had served the load. Returns how many were own."""
         with self._lock:
             own = [k for k in keys if k in self._own]
+            self._count_asked(own)
             self._own.read_back(reversed(own))  # the head of the batch ends most recent
-            if self._freq is not None:
-                self._freq.record(own)
         self.stats.add(read_back_elsewhere=len(own))
         return len(own)
 
