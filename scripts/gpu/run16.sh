@@ -19,6 +19,8 @@
 #   m  MTP on the vLLM installed (its control is built in: acceptance with the drafter's KV zeroed; run 20 also
 #      listed mtp+corrupt, which testbed verify refuses)
 #   y  v with every new page admitted into the full card (admission=always: the order alone), v's control
+#   q  the sweep's warm-up burst and first points with 24 GiB for saves waiting for staging (run 22's warm-up dropped
+#      21% of its pages for staging with the derived 8 GiB)
 # The base wheel set is enough:
 #   ../shared/gpu/prepare-wheels --chunk-mb 50   (8 chunks: with the checkout a 60 MB chunk is over 64 MiB),
 #   plus .whl (validate.sh's header says which wheels)
@@ -89,6 +91,10 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     # to 128 users on a card that never filled: here the top points run on a full card, under admission
     d) BENCH_ARGS="--users ${SWEEP_USERS:-1,16,64,128} --arms baseline,adp --target-workers 8 --card-bytes 96G" \
          $v sweep $R/d ;;
+    # issue 14 item 4: run 22's warm-up offered 3.4 GB/s for 15 s against 2.7 written and dropped 5,052 pages once
+    # the 8 GiB of waiting saves' copies (save_spill_mb, derived: min(8 GiB, a quarter of the free GPU memory)) filled
+    q) BENCH_ARGS="--users 1,16 --arms adp --target-workers 8 --card-bytes 96G --connector-opt save_spill_mb=24576" \
+         $v sweep $R/q ;;
     # issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside
     # a Python thread at 5 and 0.5 ms switch intervals (the engine's step loop beside the restore driver)
     e) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
