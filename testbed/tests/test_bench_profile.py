@@ -105,9 +105,9 @@ def test_profile_gil_samples_only_the_lock_holder(tmp_path: Path, gil: bool) -> 
     busy, hashing = _samples(stacks, "busy_holding_the_lock (<string>"), _samples(stacks, "hashing_without_the_lock (<")
     assert busy > 0  # a frame, not the command line in py-spy's process header
     if gil:  # the hashing thread holds the lock only between two digests: now and then a sample, never half
-        assert hashing < busy / 4, (hashing, busy)
-    else:
-        assert hashing > busy / 2, (hashing, busy)
+        assert hashing < busy / 8, (hashing, busy)
+    else:  # on 2 loaded cores the hashing thread ran for 0.41-0.67 of the busy one's samples (0 under --profile-gil)
+        assert hashing > busy / 4, (hashing, busy)
 
 
 def _samples(stacks: str, frame: str) -> int:

@@ -247,7 +247,7 @@ class StoreCore:
         clock (their age, :meth:`OwnPages.outlived`). Call with ``_lock`` held."""
         if self._freq is not None:
             self._freq.record(keys)
-        self._own.asked(len(keys))
+        self._own.asked(keys)
 
     def _refresh(self) -> None:
         raise NotImplementedError

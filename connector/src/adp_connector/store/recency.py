@@ -7,7 +7,9 @@ of the unprotected order. A cyclic reader (agents taking turns over more session
 read back, instead of evicting exactly the ones it needs next. ``lru``: one recency order, a load hit only touches.
 
 Each page also carries when it was last touched, on a clock of pages asked for (saves asked, pages read back), and
-the longest reuse distance seen lately (how long a page went untouched before it was asked for again).
+the longest reuse distance seen lately: how long a key went unasked before it was asked for again, whether the card
+held it or not (a table of when each key was last asked, indexed by the key's own bytes, which are a hash already; a
+collision can only lengthen a distance, which keeps more pages).
 :meth:`OwnPages.outlived` tells a page untouched for longer than twice that, and than twice the own pages' count: a
 page no workload of late comes back to, which frequency admission then lets go without weighing its count
 (admission.py).
@@ -17,6 +19,7 @@ The policy lives in memory only: a re-opened store indexes every page unprotecte
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from itertools import chain
@@ -24,6 +27,7 @@ from itertools import chain
 from .core import Loc, check_eviction
 
 REUSE_EPOCH_MIN = 1024  # the reuse distance is remembered over two epochs of max(own pages, this) pages asked
+LAST_ASKED_SLOTS = 1 << 18  # when each key was last asked, by the key's bytes 8..12 (0: never)
 
 
 class OwnPages(MutableMapping[bytes, Loc]):
@@ -43,6 +47,7 @@ class OwnPages(MutableMapping[bytes, Loc]):
         self._stamp: dict[bytes, int] = {}  # key -> the clock when it was last touched
         self._reuse = [0, 0]  # the longest reuse distance seen in the previous epoch and in this one
         self._epoch_end = REUSE_EPOCH_MIN
+        self._last_asked = array("Q", bytes(8 * LAST_ASKED_SLOTS))  # the clock when a key was last asked (0: never)
 
     # ---------------------------------------------------------------- mapping
 
@@ -82,18 +87,24 @@ class OwnPages(MutableMapping[bytes, Loc]):
 
     # ---------------------------------------------------------------- age
 
-    def asked(self, n: int) -> None:
-        """Advance the clock by ``n`` pages asked for (saved or read back, present or not)."""
-        self.clock += n
-        if self.clock >= self._epoch_end:
+    def asked(self, keys: list[bytes]) -> None:
+        """``keys`` asked for (saved or read back, stored or not): the clock advances by one per key, and a key asked
+        before gives a reuse distance."""
+        last, mask = self._last_asked, LAST_ASKED_SLOTS - 1
+        longest = self._reuse[1]
+        for k in keys:
+            self.clock += 1
+            i = int.from_bytes(k[8:12], "little") & mask
+            if last[i] and self.clock - last[i] > longest:
+                longest = self.clock - last[i]
+            last[i] = self.clock
+        self._reuse[1] = longest
+        while self.clock >= self._epoch_end:
             self._reuse = [self._reuse[1], 0]
-            self._epoch_end = self.clock + max(len(self), REUSE_EPOCH_MIN)
+            self._epoch_end += max(len(self), REUSE_EPOCH_MIN)
 
     def _mark(self, key: bytes) -> None:
-        """``key`` touched now; a page touched before gives a reuse distance."""
-        last = self._stamp.get(key)
-        if last is not None and self.clock - last > self._reuse[1]:
-            self._reuse[1] = self.clock - last
+        """``key`` touched now (its age starts again)."""
         self._stamp[key] = self.clock
 
     @property
