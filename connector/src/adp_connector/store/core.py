@@ -244,9 +244,10 @@ class StoreCore:
 
     def _count_asked(self, keys: list[bytes]) -> None:
         """Pages asked for (each save asked, each own page read back): counted for admission, and on the own pages'
-        clock (their age, :meth:`OwnPages.outlived`). Call with ``_lock`` held."""
-        if self._freq is not None:
-            self._freq.record(keys)
+        clock (their age, :meth:`OwnPages.outlived`, which only admission weighs). Call with ``_lock`` held."""
+        if self._freq is None:
+            return
+        self._freq.record(keys)
         self._own.asked(keys)
 
     def _refresh(self) -> None:
