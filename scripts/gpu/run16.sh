@@ -19,6 +19,7 @@
 #   m  MTP on the vLLM installed (its control is built in: acceptance with the drafter's KV zeroed; run 20 also
 #      listed mtp+corrupt, which testbed verify refuses)
 #   y  v with every new page admitted into the full card (admission=always: the order alone), v's control
+#   p  the sweep's 192-user point alone under py-spy --gil (who holds each process's interpreter lock)
 #   q  the sweep's warm-up burst and first points with 24 GiB for saves waiting for staging (run 22's warm-up dropped
 #      21% of its pages for staging with the derived 8 GiB)
 # The base wheel set is enough:
@@ -95,6 +96,11 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     # the 8 GiB of waiting saves' copies (save_spill_mb, derived: min(8 GiB, a quarter of the free GPU memory)) filled
     q) BENCH_ARGS="--users 1,16 --arms adp --target-workers 8 --card-bytes 96G --connector-opt save_spill_mb=24576" \
          $v sweep $R/q ;;
+    # issue 14/15: the sweep's 192-user point alone (after its warm-up), adp, with py-spy sampling only the thread
+    # that holds each process's interpreter lock: run 22 restored 571 GB there at 7.0 GB/s against 12-14 on the
+    # restore-path bench; does the engine's step loop hold the lock the restore driver and the store proxy need?
+    p) BENCH_ARGS="--users 192 --arms adp --target-workers 8 --card-bytes 96G --profile adp --profile-gil" \
+         $v sweep $R/p ;;
     # issue 15: the restore path over 16 GB per point, splice against copy, 12 helpers of 2 queues, each also beside
     # a Python thread at 5 and 0.5 ms switch intervals (the engine's step loop beside the restore driver)
     e) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
