@@ -161,8 +161,10 @@ def test_save_spill_option_and_its_derived_size(monkeypatch: pytest.MonkeyPatch)
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (80 << 30, 140 << 30))
     assert W.save_spill_bytes(parse_config({}), gpu) == W.SAVE_SPILL_MAX_MB << 20
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (37 << 30, 80 << 30))  # GPU run 23's sweep
+    assert W.save_spill_bytes(parse_config({}), gpu) == (37 << 30) // 2
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (8 << 30, 140 << 30))
-    assert W.save_spill_bytes(parse_config({}), gpu) == 2 << 30
+    assert W.save_spill_bytes(parse_config({}), gpu) == 4 << 30
     assert W.save_spill_bytes(parse_config({"save_spill_mb": 0}), gpu) == 0
 
 

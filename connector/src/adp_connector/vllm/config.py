@@ -87,8 +87,8 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "save_spill_mb": ((int, type(None)), "memory on the KV cache's device for copies of the pages of saves that "
                       "wait for staging or for max_pending_save_mb (a burst of prefills faster than the card "
                       "writes): staged oldest first as room comes back; a save finding it full too is dropped "
-                      "(counted); 0: drop at once; null: derived when the KV cache registers (GPU: min(8 GiB, a "
-                      "quarter of its free memory); CPU: staging_mb)"),
+                      "(counted); 0: drop at once; null: derived when the KV cache registers (GPU: min(24 GiB, "
+                      "half of its free memory); CPU: staging_mb)"),
     "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
     "min_load_tokens": ((int,), "no restore (and no extra engine step) when it adds fewer tokens than this beyond "
                         "the local prefix hit: they are recomputed (0: any gain of a block or more)"),
