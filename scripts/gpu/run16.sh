@@ -19,6 +19,7 @@
 #   m  MTP on the vLLM installed (its control is built in: acceptance with the drafter's KV zeroed; run 20 also
 #      listed mtp+corrupt, which testbed verify refuses)
 #   y  v with every new page admitted into the full card (admission=always: the order alone), v's control
+#   r  the restore path into GPU memory as the connector runs it (driver thread, 1 and 5 GB restores, 32 layers)
 #   p  the sweep's 192-user point alone under py-spy --gil (who holds each process's interpreter lock)
 #   q  the sweep's warm-up burst and first points with 24 GiB for saves waiting for staging (run 22's warm-up dropped
 #      21% of its pages for staging with the derived 8 GiB)
@@ -105,6 +106,13 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     # a Python thread at 5 and 0.5 ms switch intervals (the engine's step loop beside the restore driver)
     e) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
 --python-load 0.005,0.0005" $v restore-path $R/e ;;
+    # issue 15 item 4: the restore path as the connector runs it in vLLM, against the bench's old mode. Run 23: 1 GB
+    # restores one at a time at 4-5.5 GB/s and 5 GB ones at 6-7.6 in the engine, against 13.85 GB/s for one 16 GB
+    # restore polled in a loop (run 16). Which of the driver thread, the restore size and the 32 layers' scatter costs it?
+    r) mkdir -p $R/r
+       RP="--gb 16 --helpers 12 --queues 2 --target-workers 8"  # validate.sh adds --into gpu
+       for c in "poll 0 1" "thread 0 32" "thread 5 32" "thread 1 32" "poll 1 32"; do set -- $c
+         RESTORE_ARGS="$RP --driver $1 --restore-gb $2 --layers $3" $v restore-path $R/r/$1-$2gb-$3l; done ;;
     # issue 14/15: the adp arm at 8 agents with py-spy on the engine's process tree (active threads)
     g) BENCH_ARGS="$A8 --arms adp --profile adp" $v agents $R/g ;;
     # the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine

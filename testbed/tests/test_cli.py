@@ -207,6 +207,49 @@ def test_bench_restore_path_compares_save_processes(tmp_path: Path, capsys: pyte
     assert main(["bench", "restore-path", "--gb", "0.01", "--save-processes", "0"]) == 2
 
 
+def test_bench_restore_path_as_the_connector_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--driver thread`` (the connector's driver thread, restores collected once per step) and ``--restore-gb``
+    (restores one after another): every page restored, each restore timed; ``--driver poll`` with one restore is the
+    control, whose row says so. Options that cannot apply are refused with one line."""
+    pytest.importorskip("torch", reason="the restore pipeline stages through torch tensors (run with .venv-vllm)")
+    out = tmp_path / "rp.json"
+    args = ["bench", "restore-path", "--gb", "0.02", "--page-size", "256K", "--batch-mb", "1", "--slabs", "4",
+            "--helpers", "1", "--queues", "1", "--mdts", "128K"]
+    assert main([*args, "--driver", "thread", "--step-ms", "5", "--restore-gb", "0.005", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())[0]
+    n = row["bytes"] // (256 << 10)
+    per = 5_000_000 // (256 << 10)
+    assert row["driver"] == "thread" and row["step_s"] == 0.005 and row["restore_bytes"] == per * (256 << 10)
+    assert row["restores"] == -(-n // per) and 0 < row["restore_s_mean"] <= row["restore_s_max"] <= row["seconds"]
+    assert row["driver_process_cpu_s_per_gb"] is not None and row["driver_process_cpu_s_per_gb"] >= 0
+    assert "driver thread, 4 restores of up to 0.00 GB one after another" in capsys.readouterr().out
+    assert main([*args, "--driver", "poll", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())[0]
+    assert row["driver"] == "poll" and row["restores"] == 1 and row["restore_bytes"] == row["bytes"]
+    assert main([*args, "--layers", "4"]) == 2
+    assert "use it with --into gpu" in capsys.readouterr().err
+    assert main([*args, "--restore-gb", "-1"]) == 2
+    assert main([*args, "--into", "gpu", "--layers", "3"]) == 2
+    assert "even share per layer" in capsys.readouterr().err
+
+
+def test_bench_gpu_sink_is_the_attention_layout() -> None:
+    """The bench's block tensors (K and V halves per layer) take a page and give the same bytes back, each layer
+    holding its share of the page in order, K before V (on the CPU, where the copy goes layer by layer); a page
+    scattered to one block leaves the others untouched."""
+    torch = pytest.importorskip("torch")
+    from adp_testbed.bench.restore import gpu_sink
+
+    kv = gpu_sink(4, 64, 4, device="cpu")
+    page = torch.arange(64, dtype=torch.int8).view(1, 64)
+    kv.scatter(0, [2], page)
+    assert torch.equal(kv.gather(0, [2]), page)
+    layer1 = kv.rows[0][1][1]  # (blocks, 2, 8): block-major view of a (2, blocks, 8) tensor
+    assert layer1.shape == (4, 2, 8) and not layer1.is_contiguous()
+    assert layer1[2, 0].tolist() == list(range(16, 24)) and layer1[2, 1].tolist() == list(range(24, 32))
+    assert not kv.gather(0, [0, 1, 3]).any()
+
+
 def test_state_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADP_KV_STATE_DIR", str(tmp_path / "env-state"))
     assert S.state_dir() == tmp_path / "env-state" and os.path.isdir(tmp_path / "env-state")

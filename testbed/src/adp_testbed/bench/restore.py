@@ -17,6 +17,12 @@ measured in the same run, with its receivers' and its sender's core-seconds per 
 loop costs on this host: the floor for the helpers' CPU). ``--python-load`` repeats each restore beside a thread
 running bytecode in the bench's process, as vLLM's step loop runs beside the connector's restore driver, once per
 interpreter switch interval given (how long a thread waits for the lock before its holder must let go).
+
+The client runs as the connector runs inside vLLM by default: the pipeline's driver thread moves landed batches and
+the caller collects finished restores once per ``--step-ms`` (``--driver poll``: the caller polls in a loop, this
+bench's mode before); ``--restore-gb`` restores the pages as restores of that size one after another, as an engine
+whose KV cache is full starts one when a request frees its blocks (GPU run 23: 1 GB restores, 1.1 in flight); and
+``--layers`` scatters into that many layer tensors of vLLM's attention layout (K and V halves).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +70,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "data is refused unless --yes-destroy")
     p.add_argument("--yes-destroy", action="store_true", help="with --backing: format a file that holds data")
     p.add_argument("--into", choices=["host", "gpu"], default="host")
+    p.add_argument("--driver", choices=["thread", "poll"], default="thread",
+                   help="who moves landed batches: thread (the connector's restore driver thread, woken as batches "
+                        "land, with the caller collecting finished restores every --step-ms, as vLLM's engine step "
+                        "does) or poll (the caller polls in a loop, 0.2 ms apart)")
+    p.add_argument("--step-ms", type=float, default=20.0,
+                   help="with --driver thread: how often finished restores are collected (an engine step's length)")
+    p.add_argument("--restore-gb", type=float, default=0.0,
+                   help="GB per restore, restored one after another (each starts when the one before it finished, as "
+                        "an engine with a full KV cache starts one when a request frees its blocks); 0: all pages in "
+                        "one restore")
+    p.add_argument("--layers", type=int, default=1,
+                   help="with --into gpu: layer tensors the pages scatter into, each holding a K and a V half of its "
+                        "share of a page (vLLM's attention layout: two runs per layer; an 8B model has 32)")
     p.add_argument("--python-load", type=_switch_intervals, default=[], metavar="SECONDS",
                    help="comma-separated interpreter switch intervals: each helper count is also restored with a "
                         "thread running bytecode in this process (as vLLM's step loop runs beside the connector), "
@@ -155,37 +175,79 @@ class _Discard:
         return None
 
 
-def restore_point(group: Store, arena: SharedArena, keys: list[bytes], page: int, per_batch: int, slabs: int,
-                  into: str) -> float:
-    """Restore every key once through the connector's restore pipeline (``slabs`` staging slabs carved from
-    ``arena``; ``into`` gpu: scattered into a GPU block tensor of ``slabs x per_batch`` pages, as the connector
-    scatters into the KV cache); returns seconds."""
+@dataclass
+class RestoreRun:
+    """One restore point: its wall time and each restore's own time (seconds)."""
+
+    seconds: float
+    restore_seconds: list[float]
+
+
+def gpu_sink(ring: int, page: int, layers: int, device: str = "cuda") -> Any:
+    """A GPU block tensor set of ``ring`` blocks in vLLM's attention layout: ``layers`` tensors of shape (2, blocks,
+    n) whose K and V halves hold ``page / layers`` bytes of each page (two runs per layer), as block-major views."""
     import torch
 
-    from adp_connector.pipeline import Counters, LoadJob, PagedKV, RestorePipeline, StagingPool
+    from adp_connector.pipeline import PagedKV
+
+    share = page // layers
+    if layers < 1 or share * layers != page or share % 2:
+        raise ValueError(f"--layers {layers} must divide the page size ({page} bytes) into an even share per layer")
+    rows = [(f"layer{i}", torch.zeros((2, ring, share // 2), dtype=torch.int8, device=device).transpose(0, 1), share)
+            for i in range(layers)]
+    return PagedKV({0: rows})
+
+
+def restore_point(group: Store, arena: SharedArena, keys: list[bytes], page: int, per_batch: int, slabs: int,
+                  into: str, *, driver: str = "thread", step_s: float = 0.02, per_restore: int = 0,
+                  layers: int = 1) -> RestoreRun:
+    """Restore every key once through the connector's restore pipeline (``slabs`` staging slabs carved from
+    ``arena``; ``into`` gpu: scattered into GPU block tensors of ``slabs x per_batch`` pages, as the connector
+    scatters into the KV cache), ``per_restore`` keys per restore (0: one restore of all), one after another.
+    ``driver`` thread: the pipeline's driver thread moves landed batches and this caller collects finished restores
+    every ``step_s``, as the connector runs in vLLM; poll: this caller polls in a loop."""
+    import torch
+
+    from adp_connector.pipeline import Counters, LoadJob, RestorePipeline, StagingPool
 
     slab = per_batch * page
     host = torch.frombuffer(arena.map, dtype=torch.int8)[:slab * slabs]
     pool = StagingPool(slab, 0, pinned=into == "gpu", arena=host)
     ring = slabs * per_batch
-    sink: Any = _Discard()
-    if into == "gpu":
-        sink = PagedKV({0: [("bench", torch.empty((ring, page), dtype=torch.int8, device="cuda"), page)]})
+    sink: Any = gpu_sink(ring, page, layers) if into == "gpu" else _Discard()
     pipe = RestorePipeline(sink, pool, {0: page}, Counters(), timeout_s=3600.0)
-    job = LoadJob("bench", [(0, i % ring, k) for i, k in enumerate(keys)], [], time.monotonic())
+    if driver == "thread":
+        pipe.run_driver(lambda: group, (lambda: torch.cuda.set_device(0)) if into == "gpu" else None)
+    each = per_restore or len(keys)
+    took: list[float] = []
+    failed = ""
     t0 = time.perf_counter()
-    pipe.start(job, group)
-    while pipe.jobs:
-        if not pipe.poll(group):
-            time.sleep(0.0002)
-    if into == "gpu":
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    if pool.pinned:
-        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
-    if job.failed:
-        raise RuntimeError(f"restore failed: {job.failed}")
-    return dt
+    try:
+        for j0 in range(0, len(keys), each):
+            part = keys[j0:j0 + each]
+            job = LoadJob(f"bench-{j0}", [(0, (j0 + i) % ring, k) for i, k in enumerate(part)], [], time.monotonic())
+            s0 = time.perf_counter()
+            pipe.start(job, group)
+            while pipe.jobs:
+                if driver == "thread":
+                    time.sleep(step_s)
+                    pipe.poll(group)
+                elif not pipe.poll(group):
+                    time.sleep(0.0002)
+            if into == "gpu":
+                torch.cuda.synchronize()
+            took.append(time.perf_counter() - s0)
+            if job.failed:
+                failed = job.failed
+                break
+        dt = time.perf_counter() - t0
+    finally:
+        pipe.stop_driver()
+        if pool.pinned:
+            torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+    if failed:
+        raise RuntimeError(f"restore failed: {failed}")
+    return RestoreRun(dt, took)
 
 
 def save_point(group: Store, arena: SharedArena, keys: list[bytes], page: int, per_batch: int, slabs: int) -> float:
@@ -246,7 +308,19 @@ def main(args: argparse.Namespace) -> int:
         print("error: --helpers must be >= 1 and --save-processes within 1..16", file=sys.stderr)
         return 2
     page = args.page_size
+    if args.restore_gb < 0 or args.step_ms <= 0 or args.layers < 1:
+        print("error: --restore-gb must be >= 0, --step-ms > 0 and --layers >= 1", file=sys.stderr)
+        return 2
+    if args.layers > 1 and args.into != "gpu":
+        print("error: --layers describes the GPU block tensors: use it with --into gpu", file=sys.stderr)
+        return 2
+    if page % args.layers or (page // args.layers) % 2:
+        print(f"error: --layers {args.layers} must split a page of {page} bytes into an even share per layer",
+              file=sys.stderr)
+        return 2
     per_batch = max(1, (args.batch_mb << 20) // page)
+    per_restore = max(1, int(args.restore_gb * 1e9) // page) if args.restore_gb else 0
+    shape = {"driver": args.driver, "step_s": args.step_ms / 1e3, "per_restore": per_restore, "layers": args.layers}
     n_pages = max(per_batch, int(args.gb * 1e9) // page)
     rows: list[dict[str, Any]] = []
     ns = KeyNamespace("bench-restore", "bf16", "bench", 16)
@@ -307,36 +381,47 @@ def main(args: argparse.Namespace) -> int:
                     else:
                         group = StoreProcess.start(Controller.connect, (hc,), cfg, arena, timeout=60)
                         pids = [group.pid]
-                    measured: list[tuple[float | None, float, tuple[float, float], tuple[float, float], dict, dict,
-                                         float]] = []
+                    measured: list[tuple[float | None, RestoreRun, tuple[float, float], tuple[float, float], dict,
+                                         dict, float, float]] = []
                     try:
                         wait_arena_populated(group, len(pids))
                         warm = keys[:per_batch * 2]
-                        restore_point(group, arena, warm, page, per_batch, args.slabs, args.into)
+                        restore_point(group, arena, warm, page, per_batch, args.slabs, args.into, **shape)
                         for interval in [None, *args.python_load]:
                             load = PythonLoad(interval) if interval is not None else None
                             c0t, c0h = cpu_split([t.proc.pid]), cpu_split(pids)
                             r0 = group.thread_cpu()
+                            p0 = sum(os.times()[:2])  # this process: the restore driver, the copies' launches
                             with load if load is not None else contextlib.nullcontext():
-                                dt = restore_point(group, arena, keys, page, per_batch, args.slabs, args.into)
+                                run = restore_point(group, arena, keys, page, per_batch, args.slabs, args.into,
+                                                    **shape)
                             c1t, c1h = cpu_split([t.proc.pid]), cpu_split(pids)
                             r1 = group.thread_cpu()
+                            own = sum(os.times()[:2]) - p0
                             diff_t = (c1t[0] - c0t[0], c1t[1] - c0t[1])
                             diff_h = (c1h[0] - c0h[0], c1h[1] - c0h[1])
-                            measured.append((interval, dt, diff_t, diff_h, r0, r1,
-                                             load.loops / dt if load is not None else 0.0))
+                            measured.append((interval, run, diff_t, diff_h, r0, r1,
+                                             load.loops / run.seconds if load is not None else 0.0, own))
                     finally:
                         group.close()
                     conns = h_count * args.queues
                     ceiling = stream.measure_cpu(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read")
                     gb = n_pages * page / 1e9
-                    for interval, dt, (t_user, t_sys), (h_user, h_sys), r0, r1, loops in measured:
-                        tcpu, hcpu = t_user + t_sys, h_user + h_sys
+                    for interval, run, (t_user, t_sys), (h_user, h_sys), r0, r1, loops, own in measured:
+                        tcpu, hcpu, dt = t_user + t_sys, h_user + h_sys, run.seconds
+                        each = sorted(run.restore_seconds)
                         gbps = gb / dt
                         row = {"mdts": mdts, "target_workers": workers, "target_reads": reads, "helpers": h_count,
                                "queues_per_helper": args.queues, "io_threads": args.io_threads, "into": args.into,
                                "python_load_switch_interval_s": interval,
                                "python_load_loops_per_s": round(loops, 1) if interval is not None else None,
+                               "driver": args.driver, "step_s": shape["step_s"], "layers": args.layers,
+                               "restores": len(each), "restore_bytes": (per_restore or n_pages) * page,
+                               "restore_s_mean": round(sum(each) / len(each), 4),
+                               "restore_s_max": round(each[-1], 4),
+                               # the bench's own process (the restore driver and the copy launches, the connector's
+                               # share inside vLLM); with a Python load it also holds the load's thread: not given
+                               "driver_process_cpu_s_per_gb": round(own / gb, 3) if interval is None else None,
                                "bytes": n_pages * page,
                                "seconds": round(dt, 3), "gbps": round(gbps, 2), **ceiling.as_row(),
                                "ratio": round(gbps / ceiling.gbps, 3), "target_cpu_s": round(tcpu, 2),
@@ -356,14 +441,19 @@ def main(args: argparse.Namespace) -> int:
                         rows.append(row)
                         load_text = "" if interval is None else \
                             f" beside a Python thread (switch interval {interval * 1e3:g} ms, {loops:.0f} loops/s)"
+                        shape_text = (f", {len(each)} restores of up to {row['restore_bytes'] / 1e9:.2f} GB one after "
+                                      f"another ({row['restore_s_mean'] * 1e3:.0f} ms each)" if len(each) > 1 else "")
                         print(f"MDTS {mdts >> 10}K target workers {workers} ({reads} reads) helpers {h_count} x "
-                              f"{args.queues} queues{load_text}: restore "
+                              f"{args.queues} queues{load_text}, driver {args.driver}{shape_text}: restore "
                               f"{row['gbps']:6.2f} GB/s into {args.into} ({row['ratio']:.2f}x the {conns}-stream "
                               f"ceiling {row['ceiling_gbps']:.1f}); CPU s target {row['target_cpu_s']:.1f} helpers "
                               f"{row['helpers_cpu_s']:.1f} over {row['seconds']:.2f} s; core-s/GB helpers "
                               f"{row['helpers_cpu_s_per_gb']:.3f} (user {row['helpers_user_s_per_gb']:.3f} system "
                               f"{row['helpers_sys_s_per_gb']:.3f}) target {row['target_cpu_s_per_gb']:.3f} (user "
-                              f"{row['target_user_s_per_gb']:.3f}), the ceiling's "
+                              f"{row['target_user_s_per_gb']:.3f})"
+                              + ("" if row["driver_process_cpu_s_per_gb"] is None else
+                                 f" driver process {row['driver_process_cpu_s_per_gb']:.3f}")
+                              + ", the ceiling's "
                               f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
                               f"{row['ceiling_sender_cpu_s_per_gb']:.3f}; helpers by thread (user+system core-s/GB) "
                               + " ".join(f"{k} {v['user'] + v['system']:.3f}"
