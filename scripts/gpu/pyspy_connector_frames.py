@@ -6,7 +6,8 @@ outermost ``adp_connector`` frame).
 
 py-spy records active samples only (no ``--idle``), so every count is time on a CPU, at the bench's 25 Hz; with
 ``--profile-gil`` only the thread holding the interpreter lock is sampled, so the engine core's phases below are the
-time its lock was held, by whom.
+time its lock was held, by whom; with ``--profile-idle`` waiting threads are sampled too, so every count is wall
+time (a hook's samples then include its waits, on the leaf frame it waits in).
 """
 
 from __future__ import annotations

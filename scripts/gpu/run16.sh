@@ -21,6 +21,7 @@
 #   y  v with every new page admitted into the full card (admission=always: the order alone), v's control
 #   r  the restore path into GPU memory as the connector runs it (driver thread, 1 and 5 GB restores, 32 layers)
 #   p  the sweep's 192-user point alone under py-spy --gil (who holds each process's interpreter lock)
+#   i  the same point under py-spy --idle (where the engine thread waits inside the connector's hooks)
 #   q  the sweep's warm-up burst and first points with 24 GiB for saves waiting for staging (run 22's warm-up dropped
 #      21% of its pages for staging with the derived 8 GiB)
 # The base wheel set is enough:
@@ -106,6 +107,10 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     # a Python thread at 5 and 0.5 ms switch intervals (the engine's step loop beside the restore driver)
     e) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
 --python-load 0.005,0.0005" $v restore-path $R/e ;;
+    # issue 14: the same point under py-spy --idle: run 23's hooks took 31 ms per request there (29% of the engine
+    # thread's wall time), of which the thread held its lock for less than half; where does it wait?
+    i) BENCH_ARGS="--users 192 --arms adp --target-workers 8 --card-bytes 96G --profile adp --profile-idle" \
+         $v sweep $R/i ;;
     # issue 15 item 4: the restore path as the connector runs it in vLLM, against the bench's old mode. Run 23: 1 GB
     # restores one at a time at 4-5.5 GB/s and 5 GB ones at 6-7.6 in the engine, against 13.85 GB/s for one 16 GB
     # restore polled in a loop (run 16). Which of the driver thread, the restore size and the 32 layers' scatter costs it?

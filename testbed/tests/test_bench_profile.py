@@ -68,6 +68,48 @@ def test_profiler_records_the_server_process_stacks(tmp_path: Path) -> None:
 def test_profile_gil_needs_profile(tmp_path: Path) -> None:
     with pytest.raises(O.UsageError, match="--profile-gil needs --profile"):
         Run("sweep", _args(tmp_path, "--profile-gil"), {})
+    with pytest.raises(O.UsageError, match="--profile-idle needs --profile"):
+        Run("sweep", _args(tmp_path, "--profile-idle"), {})
+    if SV.py_spy() is not None:
+        with pytest.raises(O.UsageError, match="choose one"):
+            Run("sweep", _args(tmp_path, "--profile", "adp", "--profile-gil", "--profile-idle"), {})
+
+
+_WAITING = """import threading, time
+def waiting_for_an_answer():
+    threading.Event().wait(3.0)
+def busy_holding_the_lock():
+    t = time.time()
+    while time.time() - t < 3.0:
+        pass
+th = threading.Thread(target=waiting_for_an_answer)
+th.start()
+busy_holding_the_lock()
+th.join()
+"""
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_profile_idle_samples_waiting_threads(tmp_path: Path, idle: bool) -> None:
+    """--profile-idle: a thread blocked on an event is sampled as often as the busy one; without it (the control)
+    py-spy drops its samples."""
+    if SV.py_spy() is None:
+        pytest.skip("py-spy not on PATH (requirements-dev.txt installs it)")
+    path = tmp_path / "pyspy-adp-engine.txt"
+    srv = SV.VllmServer(SV.EngineSpec(model="m", max_model_len=16), sys.executable, tmp_path / "x.log",
+                        profile_path=path, profile_idle=idle)
+    srv.proc = subprocess.Popen([sys.executable, "-c", _WAITING], start_new_session=True)
+    srv._start_profiler(path)
+    srv.proc.wait(30)
+    srv.stop()
+    with gzip.open(tmp_path / "pyspy-adp-engine.txt.gz", "rt") as f:
+        stacks = f.read()
+    busy, waiting = _samples(stacks, "busy_holding_the_lock (<string>"), _samples(stacks, "waiting_for_an_answer (<")
+    assert busy > 0
+    if idle:
+        assert waiting > busy / 2, (waiting, busy)
+    else:
+        assert waiting < busy / 8, (waiting, busy)
 
 
 _TWO_THREADS = """import hashlib, threading, time

@@ -75,6 +75,9 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated arms whose `vllm serve` process tree py-spy samples for the arm's whole run "
                         f"({SV.PROFILE_RATE_HZ} Hz, non-blocking; raw stacks in <out>/logs/pyspy-<arm>-<tag>.txt.gz); "
                         "needs py-spy (on PATH or beside the interpreter)")
+    p.add_argument("--profile-idle", action="store_true",
+                   help="with --profile: sample idle threads too (py-spy --idle), so a thread's time spent waiting "
+                        "(for a lock, a helper's answer, a pipe) shows where it waits; not with --profile-gil")
     p.add_argument("--profile-gil", action="store_true",
                    help="with --profile: sample only the thread that holds the interpreter lock (py-spy --gil), to "
                         "see what holds the engine process's lock while the connector's threads wait for it")
@@ -130,8 +133,12 @@ class Run:
         if bad:
             raise O.UsageError(f"testbed bench {scenario}: --profile: unknown arm(s) {bad}; "
                                f"choose from {list(SV.ARMS)}")
-        if args.profile_gil and not self.profile:
-            raise O.UsageError(f"testbed bench {scenario}: --profile-gil needs --profile ARMS")
+        for flag in ("gil", "idle"):
+            if getattr(args, f"profile_{flag}") and not self.profile:
+                raise O.UsageError(f"testbed bench {scenario}: --profile-{flag} needs --profile ARMS")
+        if args.profile_gil and args.profile_idle:
+            raise O.UsageError(f"testbed bench {scenario}: --profile-gil samples only the lock holder, --profile-idle "
+                               f"every thread: choose one")
         if self.profile and SV.py_spy() is None:
             raise O.UsageError(f"testbed bench {scenario}: --profile needs py-spy (pip install py-spy)")
         self.card_bytes = args.card_bytes or run["target_capacity_bytes"]  # the local emulator's card
@@ -192,7 +199,7 @@ class Run:
         logs = self.out / "logs"
         return SV.VllmServer(self.spec(kv_transfer), self.python, logs / f"{arm}-{tag}.log",
                              profile_path=logs / f"pyspy-{arm}-{tag}.txt" if arm in self.profile else None,
-                             profile_gil=self.args.profile_gil)
+                             profile_gil=self.args.profile_gil, profile_idle=self.args.profile_idle)
 
     @contextlib.contextmanager
     def connector(self, arm: str) -> Iterator[tuple[dict[str, Any] | None, str]]:
@@ -294,6 +301,7 @@ class Run:
             "connector_options": dict(self.args.connector_opt),
             "profiled_arms": self.profile,
             "profiled_lock_holder_only": bool(self.args.profile_gil),
+            "profiled_idle_threads": bool(self.args.profile_idle),
             "budgets": {"card_bytes": None if self.args.target else self.card_bytes, "card_note": self.card_note,
                         "offload_cpu_bytes": self.args.offload_bytes or self.settings["offload_cpu_bytes"]},
             "arms": arms, **(extra or {}), "wall_s": round(time.monotonic() - self.t0, 1),

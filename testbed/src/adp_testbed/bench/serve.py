@@ -224,10 +224,12 @@ class VllmServer:
     """One ``vllm serve`` process group for a ``with`` block (a fresh engine: an empty device KV cache)."""
 
     def __init__(self, spec: EngineSpec, python: str, log_path: Path, env: dict[str, str] | None = None,
-                 start_timeout: float = 600.0, profile_path: Path | None = None, profile_gil: bool = False) -> None:
+                 start_timeout: float = 600.0, profile_path: Path | None = None, profile_gil: bool = False,
+                 profile_idle: bool = False) -> None:
         self.spec, self.python, self.log_path = spec, python, log_path
         self.profile_path = profile_path  # py-spy samples the process tree from start-up to stop when set
         self.profile_gil = profile_gil  # ... only the thread holding the interpreter lock (py-spy --gil)
+        self.profile_idle = profile_idle  # ... idle (waiting) threads too (py-spy --idle)
         self._spy: subprocess.Popen[bytes] | None = None
         self.env = dict(os.environ, PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false", DO_NOT_TRACK="1",
                         VLLM_NO_USAGE_STATS="1", **(env or {}))
@@ -275,6 +277,7 @@ class VllmServer:
         with open(path.with_suffix(".log"), "wb") as log:
             self._spy = subprocess.Popen([exe, "record", "--subprocesses", "--nonblocking", "-r", str(PROFILE_RATE_HZ),
                                           *(["--gil"] if self.profile_gil else []),
+                                          *(["--idle"] if self.profile_idle else []),
                                           "-f", "raw", "-o", str(path), "-p", str(self.proc.pid)],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
