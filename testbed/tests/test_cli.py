@@ -222,7 +222,7 @@ def test_bench_restore_path_as_the_connector_runs(tmp_path: Path, capsys: pytest
     assert row["driver"] == "thread" and row["step_s"] == 0.005 and row["restore_bytes"] == per * (256 << 10)
     assert row["restores"] == -(-n // per) and 0 < row["restore_s_mean"] <= row["restore_s_max"] <= row["seconds"]
     assert row["driver_process_cpu_s_per_gb"] is not None and row["driver_process_cpu_s_per_gb"] >= 0
-    assert "driver thread, 4 restores of up to 0.00 GB one after another" in capsys.readouterr().out
+    assert "driver thread, 4 restores of up to 0.00498 GB one after another" in capsys.readouterr().out
     assert main([*args, "--driver", "poll", "--json", str(out)]) == 0
     row = json.loads(out.read_text())[0]
     assert row["driver"] == "poll" and row["restores"] == 1 and row["restore_bytes"] == row["bytes"]

@@ -441,7 +441,7 @@ def main(args: argparse.Namespace) -> int:
                         rows.append(row)
                         load_text = "" if interval is None else \
                             f" beside a Python thread (switch interval {interval * 1e3:g} ms, {loops:.0f} loops/s)"
-                        shape_text = (f", {len(each)} restores of up to {row['restore_bytes'] / 1e9:.2f} GB one after "
+                        shape_text = (f", {len(each)} restores of up to {row['restore_bytes'] / 1e9:.3g} GB one after "
                                       f"another ({row['restore_s_mean'] * 1e3:.0f} ms each)" if len(each) > 1 else "")
                         print(f"MDTS {mdts >> 10}K target workers {workers} ({reads} reads) helpers {h_count} x "
                               f"{args.queues} queues{load_text}, driver {args.driver}{shape_text}: restore "
