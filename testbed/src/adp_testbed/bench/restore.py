@@ -416,7 +416,7 @@ def main(args: argparse.Namespace) -> int:
                                "python_load_switch_interval_s": interval,
                                "python_load_loops_per_s": round(loops, 1) if interval is not None else None,
                                "driver": args.driver, "step_s": shape["step_s"], "layers": args.layers,
-                               "restores": len(each), "restore_bytes": (per_restore or n_pages) * page,
+                               "restores": len(each), "restore_bytes": min(per_restore or n_pages, n_pages) * page,
                                "restore_s_mean": round(sum(each) / len(each), 4),
                                "restore_s_max": round(each[-1], 4),
                                # the bench's own process (the restore driver and the copy launches, the connector's
