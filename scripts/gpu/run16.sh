@@ -107,8 +107,8 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     # a Python thread at 5 and 0.5 ms switch intervals (the engine's step loop beside the restore driver)
     e) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
 --python-load 0.005,0.0005" $v restore-path $R/e ;;
-    # issue 14: the same point under py-spy --idle: run 23's hooks took 31 ms per request there (29% of the engine
-    # thread's wall time), of which the thread held its lock for less than half; where does it wait?
+    # issue 14: the same point under py-spy --idle: run 23's hooks took 31 ms per request there, 23.8 s of the point's
+    # 97 on the engine thread, holding its lock for less than half of that; where does the rest wait?
     i) BENCH_ARGS="--users 192 --arms adp --target-workers 8 --card-bytes 96G --profile adp --profile-idle" \
          $v sweep $R/i ;;
     # issue 15 item 4: the restore path as the connector runs it in vLLM, against the bench's old mode. Run 23: 1 GB
