@@ -265,7 +265,7 @@ OTHER_PROGRAMS = {"--block-size", "--query-gpu", "--format", "--served-model-nam
                   "--dtype", "--load-format", "--enable-prefix-caching", "--prefix-caching-hash-algo",
                   "--uvicorn-log-level", "--disable-uvicorn-access-log", "--enforce-eager", "--kv-cache-memory-bytes",
                   "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--kv-transfer-config",
-                  "--subprocesses", "--nonblocking", "--gil"}  # the last three: py-spy record (bench --profile)
+                  "--subprocesses", "--nonblocking", "--gil", "--idle"}  # the last four: py-spy record (--profile)
 
 
 def _all_options() -> set[str]:

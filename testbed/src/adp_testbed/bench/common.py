@@ -133,9 +133,9 @@ class Run:
         if bad:
             raise O.UsageError(f"testbed bench {scenario}: --profile: unknown arm(s) {bad}; "
                                f"choose from {list(SV.ARMS)}")
-        for flag in ("gil", "idle"):
-            if getattr(args, f"profile_{flag}") and not self.profile:
-                raise O.UsageError(f"testbed bench {scenario}: --profile-{flag} needs --profile ARMS")
+        for given, option in ((args.profile_gil, "--profile-gil"), (args.profile_idle, "--profile-idle")):
+            if given and not self.profile:
+                raise O.UsageError(f"testbed bench {scenario}: {option} needs --profile ARMS")
         if args.profile_gil and args.profile_idle:
             raise O.UsageError(f"testbed bench {scenario}: --profile-gil samples only the lock holder, --profile-idle "
                                f"every thread: choose one")
