@@ -93,17 +93,7 @@ th.join()
 def test_profile_idle_samples_waiting_threads(tmp_path: Path, idle: bool) -> None:
     """--profile-idle: a thread blocked on an event is sampled as often as the busy one; without it (the control)
     py-spy drops its samples."""
-    if SV.py_spy() is None:
-        pytest.skip("py-spy not on PATH (requirements-dev.txt installs it)")
-    path = tmp_path / "pyspy-adp-engine.txt"
-    srv = SV.VllmServer(SV.EngineSpec(model="m", max_model_len=16), sys.executable, tmp_path / "x.log",
-                        profile_path=path, profile_idle=idle)
-    srv.proc = subprocess.Popen([sys.executable, "-c", _WAITING], start_new_session=True)
-    srv._start_profiler(path)
-    srv.proc.wait(30)
-    srv.stop()
-    with gzip.open(tmp_path / "pyspy-adp-engine.txt.gz", "rt") as f:
-        stacks = f.read()
+    stacks = _profiled_stacks(tmp_path, _WAITING, profile_idle=idle)
     busy, waiting = _samples(stacks, "busy_holding_the_lock (<string>"), _samples(stacks, "waiting_for_an_answer (<")
     assert busy > 0
     if idle:
@@ -133,23 +123,29 @@ th.join()
 def test_profile_gil_samples_only_the_lock_holder(tmp_path: Path, gil: bool) -> None:
     """--profile-gil: a thread hashing with the interpreter lock released is not sampled, the thread running
     bytecode is; without it (the control) both are."""
-    if SV.py_spy() is None:
-        pytest.skip("py-spy not on PATH (requirements-dev.txt installs it)")
-    path = tmp_path / "pyspy-adp-engine.txt"
-    srv = SV.VllmServer(SV.EngineSpec(model="m", max_model_len=16), sys.executable, tmp_path / "x.log",
-                        profile_path=path, profile_gil=gil)
-    srv.proc = subprocess.Popen([sys.executable, "-c", _TWO_THREADS], start_new_session=True)
-    srv._start_profiler(path)
-    srv.proc.wait(30)
-    srv.stop()
-    with gzip.open(tmp_path / "pyspy-adp-engine.txt.gz", "rt") as f:
-        stacks = f.read()
+    stacks = _profiled_stacks(tmp_path, _TWO_THREADS, profile_gil=gil)
     busy, hashing = _samples(stacks, "busy_holding_the_lock (<string>"), _samples(stacks, "hashing_without_the_lock (<")
     assert busy > 0  # a frame, not the command line in py-spy's process header
     if gil:  # the hashing thread holds the lock only between two digests: now and then a sample, never half
         assert hashing < busy / 8, (hashing, busy)
     else:  # on 2 loaded cores the hashing thread ran for 0.41-0.67 of the busy one's samples (0 under --profile-gil)
         assert hashing > busy / 4, (hashing, busy)
+
+
+def _profiled_stacks(tmp_path: Path, code: str, **flags: bool) -> str:
+    """py-spy's stacks of a child running ``code`` under a server's profiler (``flags``: profile_gil, profile_idle);
+    skips where py-spy is missing."""
+    if SV.py_spy() is None:
+        pytest.skip("py-spy not on PATH (requirements-dev.txt installs it)")
+    path = tmp_path / "pyspy-adp-engine.txt"
+    srv = SV.VllmServer(SV.EngineSpec(model="m", max_model_len=16), sys.executable, tmp_path / "x.log",
+                        profile_path=path, **flags)
+    srv.proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    srv._start_profiler(path)
+    srv.proc.wait(30)
+    srv.stop()
+    with gzip.open(tmp_path / "pyspy-adp-engine.txt.gz", "rt") as f:
+        return f.read()
 
 
 def _samples(stacks: str, frame: str) -> int:

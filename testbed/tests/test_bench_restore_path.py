@@ -10,16 +10,21 @@ import pytest
 
 from adp_testbed.cli import main
 
+pytest.importorskip("torch", reason="the restore pipeline stages through torch tensors (run with .venv-vllm)")
+
+
+def _rows(tmp_path: Path, *args: str) -> list[dict]:
+    """Run ``testbed bench restore-path ARGS`` (it must succeed) and return its JSON rows."""
+    out = tmp_path / "rp.json"
+    assert main(["bench", "restore-path", *args, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
 
 def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Pages saved once, restored through one helper and through a group of two, against a target in one
     process and one with an I/O worker: every point restores every page (a failure raises) and reports CPU."""
-    pytest.importorskip("torch", reason="the restore pipeline stages through torch tensors (run with .venv-vllm)")
-    out = tmp_path / "rp.json"
-    assert main(["bench", "restore-path", "--gb", "0.04", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4",
-                 "--helpers", "1,2", "--queues", "2", "--target-workers", "0,1", "--mdts", "128K",
-                 "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    rows = _rows(tmp_path, "--gb", "0.04", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4", "--helpers", "1,2",
+                 "--queues", "2", "--target-workers", "0,1", "--mdts", "128K")
     assert [(r["target_workers"], r["helpers"]) for r in rows] == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert all(r["gbps"] > 0 and r["ratio"] > 0 and r["helpers_cpu_s"] > 0 and r["bytes"] >= 40_000_000 - (256 << 10)
                for r in rows)
@@ -41,12 +46,8 @@ def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_bench_restore_path_compares_save_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The save phase runs once per writer count: every page written at every point, spread over every writer
     (W=2: both hold pages; the W=1 control: one), reported with GB/s and CPU; a bad count is refused."""
-    pytest.importorskip("torch", reason="the restore pipeline stages through torch tensors (run with .venv-vllm)")
-    out = tmp_path / "rp.json"
-    assert main(["bench", "restore-path", "--gb", "0.04", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4",
-                 "--helpers", "1", "--save-processes", "1,2", "--queues", "2", "--mdts", "128K",
-                 "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    rows = _rows(tmp_path, "--gb", "0.04", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4", "--helpers", "1",
+                 "--save-processes", "1,2", "--queues", "2", "--mdts", "128K")
     saves = rows[0]["saves"]
     n = rows[0]["bytes"] // (256 << 10)
     assert [s["save_processes"] for s in saves] == [1, 2] and saves[0]["vs_first"] == 1.0
@@ -61,25 +62,21 @@ def test_bench_restore_path_as_the_connector_runs(tmp_path: Path, capsys: pytest
     """``--driver thread`` (the connector's driver thread, restores collected once per step) and ``--restore-gb``
     (restores one after another): every page restored, each restore timed; ``--driver poll`` with one restore is the
     control, whose row says so. Options that cannot apply are refused with one line."""
-    pytest.importorskip("torch", reason="the restore pipeline stages through torch tensors (run with .venv-vllm)")
-    out = tmp_path / "rp.json"
-    args = ["bench", "restore-path", "--gb", "0.02", "--page-size", "256K", "--batch-mb", "1", "--slabs", "4",
-            "--helpers", "1", "--queues", "1", "--mdts", "128K"]
-    assert main([*args, "--driver", "thread", "--step-ms", "5", "--restore-gb", "0.005", "--json", str(out)]) == 0
-    row = json.loads(out.read_text())[0]
+    args = ["--gb", "0.02", "--page-size", "256K", "--batch-mb", "1", "--slabs", "4", "--helpers", "1", "--queues", "1",
+            "--mdts", "128K"]
+    row = _rows(tmp_path, *args, "--driver", "thread", "--step-ms", "5", "--restore-gb", "0.005")[0]
     n = row["bytes"] // (256 << 10)
     per = 5_000_000 // (256 << 10)
     assert row["driver"] == "thread" and row["step_s"] == 0.005 and row["restore_bytes"] == per * (256 << 10)
     assert row["restores"] == -(-n // per) and 0 < row["restore_s_mean"] <= row["restore_s_max"] <= row["seconds"]
     assert row["driver_process_cpu_s_per_gb"] is not None and row["driver_process_cpu_s_per_gb"] >= 0
     assert "driver thread, 4 restores of up to 0.00498 GB one after another" in capsys.readouterr().out
-    assert main([*args, "--driver", "poll", "--json", str(out)]) == 0
-    row = json.loads(out.read_text())[0]
+    row = _rows(tmp_path, *args, "--driver", "poll")[0]
     assert row["driver"] == "poll" and row["restores"] == 1 and row["restore_bytes"] == row["bytes"]
-    assert main([*args, "--layers", "4"]) == 2
+    assert main(["bench", "restore-path", *args, "--layers", "4"]) == 2
     assert "use it with --into gpu" in capsys.readouterr().err
-    assert main([*args, "--restore-gb", "-1"]) == 2
-    assert main([*args, "--into", "gpu", "--layers", "3"]) == 2
+    assert main(["bench", "restore-path", *args, "--restore-gb", "-1"]) == 2
+    assert main(["bench", "restore-path", *args, "--into", "gpu", "--layers", "3"]) == 2
     assert "even share per layer" in capsys.readouterr().err
 
 
@@ -87,7 +84,8 @@ def test_bench_gpu_sink_is_the_attention_layout() -> None:
     """The bench's block tensors (K and V halves per layer) take a page and give the same bytes back, each layer
     holding its share of the page in order, K before V (on the CPU, where the copy goes layer by layer); a page
     scattered to one block leaves the others untouched."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from adp_testbed.bench.restore import gpu_sink
 
     kv = gpu_sink(4, 64, 4, device="cpu")
@@ -103,12 +101,8 @@ def test_bench_gpu_sink_is_the_attention_layout() -> None:
 def test_bench_restore_path_beside_a_python_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--python-load``: each helper count restores alone, then beside a bytecode thread once per switch interval
     (every page restored each time, the load's own rate reported); a bad interval is refused with one line."""
-    pytest.importorskip("torch", reason="the restore pipeline stages through torch tensors (run with .venv-vllm)")
-    out = tmp_path / "rp.json"
-    assert main(["bench", "restore-path", "--gb", "0.02", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4",
-                 "--helpers", "1", "--queues", "1", "--mdts", "128K", "--python-load", "0.005,0.0005",
-                 "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    rows = _rows(tmp_path, "--gb", "0.02", "--page-size", "256K", "--batch-mb", "2", "--slabs", "4", "--helpers", "1",
+                 "--queues", "1", "--mdts", "128K", "--python-load", "0.005,0.0005")
     assert [r["python_load_switch_interval_s"] for r in rows] == [None, 0.005, 0.0005]
     assert rows[0]["python_load_loops_per_s"] is None and all(r["python_load_loops_per_s"] > 0 for r in rows[1:])
     assert all(r["gbps"] > 0 and r["bytes"] == rows[0]["bytes"] for r in rows)

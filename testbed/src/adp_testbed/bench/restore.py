@@ -183,6 +183,13 @@ class RestoreRun:
     restore_seconds: list[float]
 
 
+def layer_share_error(page: int, layers: int) -> str | None:
+    """Why ``layers`` layer tensors cannot hold a page of ``page`` bytes in K and V halves, or None."""
+    if layers < 1 or page % layers or (page // layers) % 2:
+        return f"--layers {layers} must split a page of {page} bytes into an even share per layer"
+    return None
+
+
 def gpu_sink(ring: int, page: int, layers: int, device: str = "cuda") -> Any:
     """A GPU block tensor set of ``ring`` blocks in vLLM's attention layout: ``layers`` tensors of shape (2, blocks,
     n) whose K and V halves hold ``page / layers`` bytes of each page (two runs per layer), as block-major views."""
@@ -190,9 +197,10 @@ def gpu_sink(ring: int, page: int, layers: int, device: str = "cuda") -> Any:
 
     from adp_connector.pipeline import PagedKV
 
+    why = layer_share_error(page, layers)
+    if why is not None:
+        raise ValueError(why)
     share = page // layers
-    if layers < 1 or share * layers != page or share % 2:
-        raise ValueError(f"--layers {layers} must divide the page size ({page} bytes) into an even share per layer")
     rows = [(f"layer{i}", torch.zeros((2, ring, share // 2), dtype=torch.int8, device=device).transpose(0, 1), share)
             for i in range(layers)]
     return PagedKV({0: rows})
@@ -314,9 +322,8 @@ def main(args: argparse.Namespace) -> int:
     if args.layers > 1 and args.into != "gpu":
         print("error: --layers describes the GPU block tensors: use it with --into gpu", file=sys.stderr)
         return 2
-    if page % args.layers or (page // args.layers) % 2:
-        print(f"error: --layers {args.layers} must split a page of {page} bytes into an even share per layer",
-              file=sys.stderr)
+    if (why := layer_share_error(page, args.layers)) is not None:
+        print(f"error: {why}", file=sys.stderr)
         return 2
     per_batch = max(1, (args.batch_mb << 20) // page)
     per_restore = max(1, int(args.restore_gb * 1e9) // page) if args.restore_gb else 0
