@@ -22,8 +22,8 @@
 #   r  the restore path into GPU memory as the connector runs it (driver thread, 1 and 5 GB restores, 32 layers)
 #   p  the sweep's 192-user point alone under py-spy --gil (who holds each process's interpreter lock)
 #   i  the same point under py-spy --idle (where the engine thread waits inside the connector's hooks)
-#   q  the sweep's warm-up burst and first points with 24 GiB for saves waiting for staging (run 22's warm-up dropped
-#      21% of its pages for staging with the derived 8 GiB)
+#   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
+#      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
 # The base wheel set is enough:
 #   ../shared/gpu/prepare-wheels --chunk-mb 50   (8 chunks: with the checkout a 60 MB chunk is over 64 MiB),
 #   plus .whl (validate.sh's header says which wheels)
@@ -95,9 +95,10 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     d) BENCH_ARGS="--users ${SWEEP_USERS:-1,16,64,128} --arms baseline,adp --target-workers 8 --card-bytes 96G" \
          $v sweep $R/d ;;
     # issue 14 item 4: run 22's warm-up offered 3.4 GB/s for 15 s against 2.7 written and dropped 5,052 pages once
-    # the 8 GiB of waiting saves' copies (save_spill_mb, derived: min(8 GiB, a quarter of the free GPU memory)) filled
-    q) BENCH_ARGS="--users 1,16 --arms adp --target-workers 8 --card-bytes 96G --connector-opt save_spill_mb=24576" \
-         $v sweep $R/q ;;
+    # the 8 GiB of waiting saves' copies (save_spill_mb, then derived as min(8 GiB, a quarter of the free GPU memory))
+    # filled; run 23 held it with save_spill_mb=24576 set by hand. Since d71e99b the derived default is min(24 GiB, half
+    # of the free GPU memory): does it hold the burst with no option? (Q_ARGS adds options, e.g. run 23's by hand)
+    q) BENCH_ARGS="--users 1,16 --arms adp --target-workers 8 --card-bytes 96G ${Q_ARGS:-}" $v sweep $R/q ;;
     # issue 14/15: the sweep's 192-user point alone (after its warm-up), adp, with py-spy sampling only the thread
     # that holds each process's interpreter lock: run 22 restored 571 GB there at 7.0 GB/s against 12-14 on the
     # restore-path bench; does the engine's step loop hold the lock the restore driver and the store proxy need?
