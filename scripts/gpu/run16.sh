@@ -117,8 +117,10 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     # restore polled in a loop (run 16). Which of the driver thread, the restore size and the 32 layers' scatter costs it?
     r) mkdir -p $R/r
        RP="--gb 16 --helpers 12 --queues 2 --target-workers 8"  # validate.sh adds --into gpu
-       for c in "poll 0 1" "thread 0 32" "thread 5 32" "thread 1 32" "poll 1 32"; do set -- $c
-         RESTORE_ARGS="$RP --driver $1 --restore-gb $2 --layers $3" $v restore-path $R/r/$1-$2gb-$3l; done ;;
+       for c in "poll 0 1" "thread 0 32" "thread 5 32" "thread 1 32" "poll 1 32"; do
+         read -r drv gb ly <<< "$c"  # not set --: step's own $1 names the archive (run 24 archived r as part-poll)
+         RESTORE_ARGS="$RP --driver $drv --restore-gb $gb --layers $ly" $v restore-path $R/r/$drv-${gb}gb-${ly}l
+       done ;;
     # issue 14/15: the adp arm at 8 agents with py-spy on the engine's process tree (active threads)
     g) BENCH_ARGS="$A8 --arms adp --profile adp" $v agents $R/g ;;
     # the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine
