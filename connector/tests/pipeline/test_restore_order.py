@@ -268,3 +268,72 @@ def test_a_slab_given_back_by_a_save_feeds_a_waiting_restore_at_once(monkeypatch
         assert len(store.batches) == (1 if hook else 0)
     finally:
         pipe.stop_driver()
+
+
+def test_a_restores_time_splits_into_its_phases(monkeypatch) -> None:
+    """queued (no slab for its first batch), io (first slab to last landing, slab_wait within it), copy and
+    step_wait add up to the restore's time; counted per successful restore. On the pipeline's own clock, polled."""
+    from adp_connector.pipeline import restore as R
+
+    clock = [100.0]
+    monkeypatch.setattr(R, "_now", lambda: clock[0])
+    kv = torch.zeros(BLOCKS, PAGE, dtype=torch.int8)
+    pool = StagingPool(2 * PAGE, 4 * 2 * PAGE, pinned=False)
+    counters = Counters()
+    pipe = RestorePipeline(PagedKV({0: [("layer0", kv, PAGE)]}), pool, {0: PAGE}, counters, timeout_s=30.0)
+    store = _Store()
+    held = [pool.take(2 * PAGE, temporary=False) for _ in range(4)]  # saves hold every slab
+    pipe.start(_job("A", 10, 6, 0), store)
+    job = pipe.jobs[0]
+    job.t0 = 100.0
+    assert store.batches == [] and pipe.wants_staging
+    clock[0] = 101.0
+    pool.give(held.pop())
+    assert pipe.poll(store) == [] and store.submitted() == [10]  # first slab at 101: queued 1 s
+    clock[0] = 103.0
+    store.batches[0].land()
+    assert pipe.poll(store) == [] and store.submitted() == [10, 12]  # its slab comes back: waited 101 -> 103
+    clock[0] = 104.0
+    for b in held:
+        pool.give(b)
+    assert pipe.poll(store) == [] and store.submitted() == [10, 12, 14]  # waited 103 -> 104
+    clock[0] = 107.0
+    store.batches[1].land()
+    store.batches[2].land()
+    done = pipe.poll(store)
+    assert [j.req_id for j in done] == ["A"] and not done[0].failed
+    got = {k.removeprefix(R.PHASE_COUNTER_PREFIX): v for k, v in counters.drain().items()
+           if k.startswith(R.PHASE_COUNTER_PREFIX)}
+    assert got == {"queued": 1.0, "io": 6.0, "copy": 0.0, "step_wait": 0.0, "slab_wait": 3.0}
+    assert sum(v for k, v in got.items() if k != "slab_wait") == 7.0  # the restore's time, 100 -> 107
+
+
+def test_a_restore_with_free_slabs_waits_for_none(monkeypatch) -> None:
+    """Control: the same restore with every slab free is neither queued nor kept waiting for a slab."""
+    from adp_connector.pipeline import restore as R
+
+    clock = [100.0]
+    monkeypatch.setattr(R, "_now", lambda: clock[0])
+    _, pipe, store = _setup(max_inflight=None)
+    pipe.start(_job("A", 10, 6, 0), store)
+    pipe.jobs[0].t0 = 100.0
+    assert store.submitted() == [10, 12, 14]
+    clock[0] = 102.0
+    for b in store.batches:
+        b.land()
+    assert [j.req_id for j in pipe.poll(store)] == ["A"]
+    got = {k.removeprefix(R.PHASE_COUNTER_PREFIX): v for k, v in pipe.counters.drain().items()
+           if k.startswith(R.PHASE_COUNTER_PREFIX)}
+    assert got == {"queued": 0.0, "io": 2.0, "copy": 0.0, "step_wait": 0.0, "slab_wait": 0.0}
+
+
+def test_restore_phases_put_the_copy_and_the_step_wait_apart() -> None:
+    """A restore whose pages were seen in place (the driver's pass) before the caller's poll finished it."""
+    from adp_connector.pipeline.restore import restore_phases
+
+    job = LoadJob("A", [], [], t0=10.0)
+    job.first_slab_t, job.landed_t, job.placed_t, job.slab_wait_s = 10.5, 12.0, 12.25, 0.75
+    assert restore_phases(job, 13.0) == {"queued": 0.5, "io": 1.5, "copy": 0.25, "step_wait": 0.75,
+                                         "slab_wait": 0.75}
+    job.first_slab_t = job.landed_t = job.placed_t = None  # never got a slab (finished by failing elsewhere)
+    assert restore_phases(job, 13.0) == {"queued": 3.0, "io": 0.0, "copy": 0.0, "step_wait": 0.0, "slab_wait": 0.75}

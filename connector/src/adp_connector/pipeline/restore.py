@@ -64,6 +64,14 @@ class Cause(str, Enum):
 
 
 FAILURE_COUNTER_PREFIX = "load_failed_"  # counters named load_failed_<cause>, exported with a cause label
+PHASE_COUNTER_PREFIX = "load_phase_s_"  # seconds of successful restores by phase, exported with a phase label
+RESTORE_PHASES = {
+    "queued": "from the restore's start until its first batch got a staging slab (behind older restores, or no slab)",
+    "io": "from its first batch's slab until its last batch landed",
+    "copy": "from its last batch landing until its last host -> device copy was seen done",
+    "step_wait": "from then until the caller's poll (the engine's next step) finished it",
+    "slab_wait": "within io: time a batch of it waited for a free staging slab (slabs held by saves or by copies)",
+}
 
 
 def failure_counter(cause: Cause) -> str:
@@ -96,6 +104,11 @@ class LoadJob:
     chunks: list[LoadChunk] = field(default_factory=list)
     lost: list[bytes] = field(default_factory=list)  # keys the store did not have (missing, stale or corrupt)
     progress_t: float = 0.0  # when a batch of this job last got a slab or landed (t0 before either)
+    first_slab_t: float | None = None  # when its first batch got a staging slab
+    landed_t: float | None = None  # when its latest batch landed
+    placed_t: float | None = None  # when the latest of its host -> device copies was seen done
+    slab_wait_s: float = 0.0  # time after its first slab that a batch of it waited for one
+    slab_wait_since: float | None = None  # when its current wait for a slab began (None: not waiting)
 
     def fail(self, cause: Cause, detail: str) -> None:
         """Mark the job failed (the first failure wins)."""
@@ -205,11 +218,19 @@ class RestorePipeline:
                 pb = self.page_bytes[ch.gid]
                 n = len(ch.idxs)
                 buf = self.pool.take(n * pb, temporary=self.pool.max_slabs == 0)
+                now = _now()
                 if buf is None:
                     self.wants_staging = True  # saves waiting for staging hold back (SavePipeline.drain)
+                    if job.first_slab_t is not None and job.slab_wait_since is None:
+                        job.slab_wait_since = now
                     return
                 ch.buf = buf
-                job.progress_t = _now()  # its batch got a slab: the wait for one ended
+                job.progress_t = now  # its batch got a slab: the wait for one ended
+                if job.first_slab_t is None:
+                    job.first_slab_t = now
+                if job.slab_wait_since is not None:
+                    job.slab_wait_s += now - job.slab_wait_since
+                    job.slab_wait_since = None
                 if room is not None:
                     room -= 1
                 rows = buf[:n * pb].view(n, pb)
@@ -245,10 +266,11 @@ class RestorePipeline:
                 if not ch.applied and ch.handle is not None and ch.handle.done():
                     self._apply_chunk(job, ch, store)
                     ch.applied = True
-                    job.progress_t = self.landed_t = now
+                    job.progress_t = job.landed_t = self.landed_t = now
                 if ch.applied and ch.buf is not None and (ch.copied is None or ch.copied.query()):
                     self.pool.give(ch.buf)  # in place: the slab takes the next batch
                     ch.buf = None
+                    job.placed_t = now
             if not job.failed and store is None and any(ch.handle is None for ch in job.chunks):
                 job.fail(Cause.TARGET_UNREACHABLE, "the page store went away during the restore")
         for job in self.jobs:  # a failed job's slabs go back before the free ones are handed out
@@ -295,6 +317,8 @@ class RestorePipeline:
             if not job.failed:
                 self.counters.observe(restore_seconds=took,
                                       restore_bytes=sum(self.page_bytes.get(gid, 0) for gid, _, _ in job.pages))
+                phases = restore_phases(job, job.t0 + took)
+                self.counters.add(**{PHASE_COUNTER_PREFIX + k: v for k, v in phases.items()})
             done.append(job)
         self.jobs = keep
         return done
@@ -372,6 +396,19 @@ class RestorePipeline:
         if detail.startswith("store process"):
             return Cause.HELPER_LOST, detail
         return Cause.IO_ERROR, detail or f"status {r.status.value}"
+
+
+def restore_phases(job: LoadJob, end: float) -> dict[str, float]:
+    """Seconds of a finished restore in each of :data:`RESTORE_PHASES` (all but ``slab_wait``, which is part of
+    ``io``, add up to its time from ``job.t0`` to ``end``)."""
+    def at(t: float | None, floor: float) -> float:
+        return max(floor, min(floor if t is None else t, end))
+
+    first = at(job.first_slab_t, job.t0) if job.first_slab_t is not None else end
+    landed = at(job.landed_t, first)
+    placed = at(job.placed_t, landed)
+    return {"queued": first - job.t0, "io": landed - first, "copy": placed - landed, "step_wait": end - placed,
+            "slab_wait": job.slab_wait_s}
 
 
 def _exception_cause(exc: BaseException) -> Cause:

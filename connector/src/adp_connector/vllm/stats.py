@@ -11,7 +11,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 from ..pipeline.counters import SAMPLE_PREFIX
-from ..pipeline.restore import FAILURE_COUNTER_PREFIX, Cause
+from ..pipeline.restore import FAILURE_COUNTER_PREFIX, PHASE_COUNTER_PREFIX, RESTORE_PHASES, Cause
 from ..pipeline.save import DROP_CAUSES, DROP_COUNTER_PREFIX
 from .hook_timing import HOOK_CALLS_PREFIX, HOOK_SECONDS_PREFIX, HOOKS, hook_seconds
 
@@ -24,6 +24,9 @@ LABELLED = {
     HOOK_SECONDS_PREFIX: ("vllm:adp_kv_hook_seconds", "seconds spent inside each vLLM hook, on the calling thread",
                           "hook", HOOKS),
     HOOK_CALLS_PREFIX: ("vllm:adp_kv_hook_calls", "calls of each vLLM hook", "hook", HOOKS),
+    PHASE_COUNTER_PREFIX: ("vllm:adp_kv_restore_phase_seconds", "seconds of successful restores in each phase "
+                           "(queued, io, copy, step_wait add up to their time; slab_wait is part of io)", "phase",
+                           tuple(RESTORE_PHASES)),
 }
 
 # Counter names (summed across workers and intervals). *_s are seconds, bytes_* bytes. Besides these, one
@@ -87,6 +90,9 @@ class ADPConnectorStats(KVConnectorStats):
         hooks = hook_seconds(d)  # one figure in the log line; each hook on /metrics
         if hooks:
             out["hooks_ms"] = round(1e3 * sum(hooks.values()), 1)
+        if d.get("loads_ok"):  # where a mean successful restore's time went, in the log line
+            for p in RESTORE_PHASES:
+                out[f"restore_{p}_ms"] = round(1e3 * d.get(PHASE_COUNTER_PREFIX + p, 0) / d["loads_ok"], 1)
         if d.get("store_links"):
             out["store_connected"] = int(d.get("store_links_up", 0) >= d["store_links"])
         out["load_gbps"] = round(d["bytes_loaded"] / d["load_s"] / 1e9, 3) if d.get("load_s") else 0.0

@@ -357,12 +357,15 @@ def save_line(pt: dict[str, Any]) -> str:
 
 
 def hook_line(pt: dict[str, Any]) -> str:
-    """``pt``'s time in the connector's hooks for its printed line: the total and the two largest, per request."""
+    """``pt``'s time in the connector's hooks for its printed line: the total and the two largest, per request; then
+    where a mean restore's time went."""
     per = SV.hook_ms_per_request(pt.get("counters") or {})
     if not per:
         return ""
     top = ", ".join(f"{h} {v:.1f}" for h, v in list(per.items())[:2])
-    return f"  hooks {sum(per.values()):.1f} ms/request ({top})"
+    phases = SV.restore_phase_ms(pt.get("counters") or {})
+    where = ("  restore ms: " + ", ".join(f"{p} {v:.0f}" for p, v in phases.items())) if phases else ""
+    return f"  hooks {sum(per.values()):.1f} ms/request ({top})" + where
 
 
 def print_points(result: dict[str, Any], run: Run, line: Callable[[dict[str, Any]], str]) -> int:

@@ -177,10 +177,12 @@ class _Discard:
 
 @dataclass
 class RestoreRun:
-    """One restore point: its wall time and each restore's own time (seconds)."""
+    """One restore point: its wall time and each restore's own time (seconds), and the milliseconds a mean restore
+    spent in each of the pipeline's phases (``RESTORE_PHASES``: queued, io, copy, step_wait; slab_wait within io)."""
 
     seconds: float
     restore_seconds: list[float]
+    phase_ms: dict[str, float]
 
 
 def layer_share_error(page: int, layers: int) -> str | None:
@@ -217,13 +219,15 @@ def restore_point(group: Store, arena: SharedArena, keys: list[bytes], page: int
     import torch
 
     from adp_connector.pipeline import Counters, LoadJob, RestorePipeline, StagingPool
+    from adp_connector.pipeline.restore import PHASE_COUNTER_PREFIX, RESTORE_PHASES
 
     slab = per_batch * page
     host = torch.frombuffer(arena.map, dtype=torch.int8)[:slab * slabs]
     pool = StagingPool(slab, 0, pinned=into == "gpu", arena=host)
     ring = slabs * per_batch
     sink: Any = gpu_sink(ring, page, layers) if into == "gpu" else _Discard()
-    pipe = RestorePipeline(sink, pool, {0: page}, Counters(), timeout_s=3600.0)
+    counters = Counters()
+    pipe = RestorePipeline(sink, pool, {0: page}, counters, timeout_s=3600.0)
     if driver == "thread":
         pipe.run_driver(lambda: group, (lambda: torch.cuda.set_device(0)) if into == "gpu" else None)
     each = per_restore or len(keys)
@@ -255,7 +259,10 @@ def restore_point(group: Store, arena: SharedArena, keys: list[bytes], page: int
             torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
     if failed:
         raise RuntimeError(f"restore failed: {failed}")
-    return RestoreRun(dt, took)
+    counters.drain()
+    totals = counters.snapshot_totals()
+    return RestoreRun(dt, took, {p: round(1e3 * totals.get(PHASE_COUNTER_PREFIX + p, 0.0) / len(took), 1)
+                                 for p in RESTORE_PHASES})
 
 
 def save_point(group: Store, arena: SharedArena, keys: list[bytes], page: int, per_batch: int, slabs: int) -> float:
@@ -426,6 +433,7 @@ def main(args: argparse.Namespace) -> int:
                                "restores": len(each), "restore_bytes": min(per_restore or n_pages, n_pages) * page,
                                "restore_s_mean": round(sum(each) / len(each), 4),
                                "restore_s_max": round(each[-1], 4),
+                               "restore_phase_ms": run.phase_ms,  # a mean restore's time by pipeline phase
                                # the bench's own process (the restore driver and the copy launches, the connector's
                                # share inside vLLM); with a Python load it also holds the load's thread: not given
                                "driver_process_cpu_s_per_gb": round(own / gb, 3) if interval is None else None,
@@ -464,7 +472,9 @@ def main(args: argparse.Namespace) -> int:
                               f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
                               f"{row['ceiling_sender_cpu_s_per_gb']:.3f}; helpers by thread (user+system core-s/GB) "
                               + " ".join(f"{k} {v['user'] + v['system']:.3f}"
-                                         for k, v in row["helpers_by_thread_s_per_gb"].items()), flush=True)
+                                         for k, v in row["helpers_by_thread_s_per_gb"].items())
+                              + "; a restore's ms by phase " + " ".join(f"{k} {v:g}" for k, v in run.phase_ms.items()),
+                              flush=True)
     arena.close()
     O.emit_json(args, rows)
     return 0

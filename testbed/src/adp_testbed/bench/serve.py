@@ -42,11 +42,13 @@ COUNTERS = (
     "vllm:adp_kv_saves_waited",  # pages of saves that waited for staging (save_spill_mb), then were staged
     "vllm:adp_kv_saves_not_admitted",  # pages a full card declined: it held pages asked for at least as often
     "vllm:adp_kv_hook_seconds",  # the connector's time inside vLLM's hooks, summed over them (each: BY_LABEL)
+    "vllm:adp_kv_restore_phase_seconds",  # successful restores' time by phase (each: BY_LABEL; slab_wait overlaps io)
 )
 # Counter families kept per value of one label as well (``<name>{<label>=<value>}``), besides their sum: why restores
-# failed and saves were dropped, and the connector's time inside each vLLM hook.
+# failed and saves were dropped, the connector's time inside each vLLM hook, and where restores' time went.
 BY_LABEL = {"vllm:adp_kv_load_failures": "cause", "vllm:adp_kv_saves_dropped_by_cause": "cause",
-            "vllm:adp_kv_hook_seconds": "hook", "vllm:adp_kv_hook_calls": "hook"}
+            "vllm:adp_kv_hook_seconds": "hook", "vllm:adp_kv_hook_calls": "hook",
+            "vllm:adp_kv_restore_phase_seconds": "phase"}
 
 
 class ServeError(RuntimeError):
@@ -176,6 +178,16 @@ def hook_ms_per_request(counters: dict[str, float]) -> dict[str, float]:
     if not done or not per:
         return {}
     return {h: round(1e3 * v / done, 2) for h, v in sorted(per.items(), key=lambda kv: -kv[1]) if v}
+
+
+def restore_phase_ms(counters: dict[str, float]) -> dict[str, float]:
+    """Milliseconds per successful restore in each phase (``adp_kv_restore_phase_seconds``: queued, io, copy,
+    step_wait, and slab_wait within io); empty where nothing was restored."""
+    done = counters.get("adp_kv_loads_ok", 0.0)
+    per = by_label(counters, "vllm:adp_kv_restore_phase_seconds")
+    if not done or not per:
+        return {}
+    return {p: round(1e3 * v / done, 1) for p, v in per.items()}
 
 
 def parse_metrics(text: str) -> dict[str, float]:
