@@ -512,6 +512,25 @@ def test_hook_time_is_reported_per_request_largest_first():
     assert serve.hook_ms_per_request({"adp_kv_hook_seconds{hook=wait_for_save}": 1.0}) == {}  # nothing finished
 
 
+def test_restore_phases_are_reported_per_restore():
+    """Where a mean successful restore's time went, from the scraped phase series, at the end of the printed line;
+    nothing where no restore succeeded (the control)."""
+    from adp_testbed.bench.common import hook_line
+
+    c = {"request_success": 4.0, "adp_kv_hook_seconds{hook=wait_for_save}": 0.08, "adp_kv_loads_ok": 2.0,
+         "adp_kv_restore_phase_seconds{phase=queued}": 0.1, "adp_kv_restore_phase_seconds{phase=io}": 1.2,
+         "adp_kv_restore_phase_seconds{phase=step_wait}": 0.3}
+    assert serve.restore_phase_ms(c) == {"queued": 50.0, "io": 600.0, "step_wait": 150.0}
+    assert hook_line({"counters": c}).endswith("  restore ms: queued 50, io 600, step_wait 150")
+    assert serve.restore_phase_ms({**c, "adp_kv_loads_ok": 0.0}) == {}
+    assert "restore ms" not in hook_line({"counters": {**c, "adp_kv_loads_ok": 0.0}})
+    text = ('# TYPE vllm:adp_kv_restore_phase_seconds counter\n'
+            'vllm:adp_kv_restore_phase_seconds_total{engine="0",phase="io"} 1.5\n'
+            'vllm:adp_kv_restore_phase_seconds_total{engine="0",phase="queued"} 0.5\n')
+    got = serve.counters(serve.parse_metrics(text))
+    assert got["adp_kv_restore_phase_seconds{phase=io}"] == 1.5 and got["adp_kv_restore_phase_seconds"] == 2.0
+
+
 class _SavesLanding:
     """A server whose connector's save outcomes keep landing for ``busy`` more metric reads, and the probes sent."""
 
