@@ -12,6 +12,13 @@ The caller polls once per engine step. On a GPU a thread of the pipeline's own (
 also moves landed batches into the KV cache and hands their slabs the next batches as they land: polled only, a
 slab waits for the engine's next step twice per cycle (landed -> copied -> free), so a long prefill step stalls every
 restore in flight. Finishing a job (zero-fill, counters, the report) stays with the caller's poll.
+
+A restore may also be read ahead (:meth:`RestorePipeline.read_ahead`): the pages of a request that waits for GPU
+blocks are read into staging before its blocks exist, within ``ahead_max_bytes`` of slabs and only with slabs no
+other restore waits for. When its restore starts, the landed batches are only copied into the KV cache: the read
+left the request's critical path. Pages are named by their content key, so a page read ahead is the page a later
+read would return; pages the restore does not need are skipped, pages it needs that were not read ahead are read
+then.
 """
 
 from __future__ import annotations
@@ -107,6 +114,7 @@ class LoadJob:
     first_slab_t: float | None = None  # when its first batch got a staging slab
     landed_t: float | None = None  # when its latest batch landed
     placed_t: float | None = None  # when the latest of its host -> device copies was seen done
+    ahead: bool = False  # a read-ahead: its pages' blocks are not known yet (block id -1: not to be placed)
     slab_wait_s: float = 0.0  # time after its first slab that a batch of it waited for one
     slab_wait_since: float | None = None  # when its current wait for a slab began (None: not waiting)
 
@@ -140,10 +148,21 @@ class RestorePipeline:
         self.wants_staging = False  # a batch waits for a free slab (its last feed found none)
         self._driver: threading.Thread | None = None
         self._stopping = False
+        self.ahead_max_bytes = 0  # staging that read-aheads may hold (0: read_ahead is a no-op)
+        self.ahead_ttl_s = max(timeout_s, 1.0)  # a read-ahead whose restore has not started by then is dropped
+        self._ahead: dict[str, LoadJob] = {}  # request id -> its read-ahead (also in self.jobs)
 
     def start(self, job: LoadJob, store: Store | None) -> None:
-        """Track ``job`` and submit its first batches (a job already ``failed`` just finishes at the next poll)."""
+        """Track ``job`` and submit its first batches (a job already ``failed`` just finishes at the next poll); a
+        read-ahead of its request becomes the job: what it read is only copied into place."""
         with self._lock:
+            ahead = self._ahead.pop(job.req_id, None)
+            if ahead is not None:
+                if job.failed or store is None or not job.pages:
+                    self._drop_ahead(ahead, "unused")
+                else:
+                    self._attach(ahead, job, store)
+                    return
             self.jobs.append(job)
             if job.failed:
                 return
@@ -153,16 +172,82 @@ class RestorePipeline:
             if not job.pages:
                 job.fail(Cause.NOT_PLANNED, "nothing restorable was planned")
                 return
-            by_group: dict[int, list[int]] = defaultdict(list)
-            for i, (gid, _, _) in enumerate(job.pages):
-                by_group[gid].append(i)
-            for gid, idxs in by_group.items():
-                per = max(1, self.pool.slab_bytes // self.page_bytes[gid])
-                job.chunks.extend(LoadChunk(gid, idxs[s0:s0 + per]) for s0 in range(0, len(idxs), per))
+            self._add_chunks(job, range(len(job.pages)))
             # every page of the restore at once, ahead of the saves that follow: its later chunks wait for slabs,
             # and on a full card those saves would evict exactly the oldest pages, the ones a restore reads
             store.note_reading([k for _, _, k in job.pages])
             self._feed(store)
+
+    def _add_chunks(self, job: LoadJob, idxs: range) -> None:
+        """Split pages ``idxs`` of ``job`` into slab-sized batches, per group."""
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for i in idxs:
+            by_group[job.pages[i][0]].append(i)
+        for gid, mine in by_group.items():
+            per = max(1, self.pool.slab_bytes // self.page_bytes[gid])
+            job.chunks.extend(LoadChunk(gid, mine[s0:s0 + per]) for s0 in range(0, len(mine), per))
+
+    def read_ahead(self, req_id: str, pages: list[tuple[int, bytes]], store: Store | None) -> None:
+        """Read ``pages`` ((group, key)) of ``req_id``'s coming restore into staging now, within
+        ``ahead_max_bytes`` (its restore, :meth:`start`, then copies them into place); dropped after ``ahead_ttl_s``
+        or by :meth:`drop_read_ahead`."""
+        if self.ahead_max_bytes <= 0 or store is None or not pages:
+            return
+        with self._lock:
+            if req_id in self._ahead or any(j.req_id == req_id for j in self.jobs):
+                return
+            job = LoadJob(req_id, [(gid, -1, key) for gid, key in pages], [], _now(), ahead=True)
+            self._add_chunks(job, range(len(job.pages)))
+            self.jobs.append(job)
+            self._ahead[req_id] = job
+            self.counters.add(read_ahead_pages=len(pages))
+            store.note_reading([k for _, k in pages])
+            self._feed(store)
+
+    def drop_read_ahead(self, req_id: str) -> None:
+        """Forget ``req_id``'s read-ahead (its request finished or will not restore); its slabs go back."""
+        with self._lock:
+            ahead = self._ahead.pop(req_id, None)
+            if ahead is not None:
+                self._drop_ahead(ahead, "unused")
+
+    def _drop_ahead(self, ahead: LoadJob, why: str) -> None:
+        """Release a read-ahead no restore will use (``why``: the counter's suffix)."""
+        self._ahead.pop(ahead.req_id, None)
+        if ahead in self.jobs:
+            self.jobs.remove(ahead)
+        self.counters.add(**{f"read_ahead_{why}_pages": len(ahead.pages)})
+        self.release(ahead)
+
+    def _attach(self, ahead: LoadJob, job: LoadJob, store: Store) -> None:
+        """Make ``job`` the owner of ``ahead``'s batches: the pages it needs get their blocks, batches holding none
+        of them go back, and pages it needs that were not read ahead get batches of their own."""
+        where = {(gid, key): i for i, (gid, _, key) in enumerate(ahead.pages)}
+        pages = list(ahead.pages)  # block id -1: read ahead, not needed
+        extra: list[PageRef] = []
+        for gid, bid, key in job.pages:
+            i = where.get((gid, key))
+            if i is None:
+                extra.append((gid, bid, key))
+            else:
+                pages[i] = (gid, bid, key)
+        keep, unused = [], []
+        for ch in ahead.chunks:
+            (keep if any(pages[i][1] >= 0 for i in ch.idxs) else unused).append(ch)
+        ahead.chunks = unused
+        self.release(ahead)  # slabs of batches holding no needed page
+        job.pages = pages + extra
+        job.chunks = keep
+        self._add_chunks(job, range(len(pages), len(job.pages)))
+        job.first_slab_t, job.landed_t, job.slab_wait_s = ahead.first_slab_t, ahead.landed_t, ahead.slab_wait_s
+        job.slab_wait_since = ahead.slab_wait_since
+        used = len(job.pages) - len(extra) - sum(1 for p in pages if p[1] < 0)
+        self.counters.add(read_ahead_used_pages=used, read_ahead_unused_pages=len(ahead.pages) - used)
+        self.jobs[self.jobs.index(ahead)] = job  # its place in the queue: older than the restores started since
+        if extra:
+            store.note_reading([k for _, _, k in extra])
+        self._feed(store)
+        self._wake.set()  # batches that landed meanwhile are copied into place now
 
     def run_driver(self, store_of: Callable[[], Store | None],
                    on_start: Callable[[], None] | None = None) -> None:
@@ -199,31 +284,51 @@ class RestorePipeline:
                 log.exception("ADP KV: the restore driver failed a pass")
 
     def inflight(self) -> int:
-        """Batches holding a staging slab (submitted and not yet copied out)."""
-        return sum(ch.buf is not None for job in self.jobs for ch in job.chunks)
+        """Batches holding a staging slab (submitted and not yet copied out), less a read-ahead's landed ones: they
+        wait for their restore, not for the I/O."""
+        return sum(ch.buf is not None and not (job.ahead and ch.handle is not None and ch.handle.done())
+                   for job in self.jobs for ch in job.chunks)
 
     def _feed(self, store: Store) -> None:
         """Submit waiting batches, oldest job first, while a slab is free and fewer than ``max_inflight`` are in
-        flight (a temporary buffer only if no slab can ever be); a job never overtakes an older one."""
+        flight (a temporary buffer only if no slab can ever be); a job never overtakes an older one. Read-aheads
+        come after every restore, only with slabs none of them waits for, within ``ahead_max_bytes``."""
         room = None if self.max_inflight is None else self.max_inflight - self.inflight()
         self.wants_staging = False
-        for job in self.jobs:
+        restores = [j for j in self.jobs if not j.ahead]
+        if not self._feed_jobs(store, restores, room, None):
+            return
+        if self._ahead:
+            room = None if self.max_inflight is None else self.max_inflight - self.inflight()
+            held = sum(len(ch.idxs) * self.page_bytes[ch.gid] for j in self._ahead.values() for ch in j.chunks
+                       if ch.buf is not None)
+            self._feed_jobs(store, [j for j in self.jobs if j.ahead], room, self.ahead_max_bytes - held)
+
+    def _feed_jobs(self, store: Store, jobs: list[LoadJob], room: int | None, budget: int | None) -> bool:
+        """Give ``jobs``' waiting batches slabs in order (``budget``: bytes of slabs they may still take; None:
+        restores, whose wait for a slab holds waiting saves back); False once one found no room."""
+        for job in jobs:
             for ch in job.chunks:
                 if job.failed:
                     break
                 if ch.handle is not None:
                     continue
                 if room is not None and room <= 0:
-                    return
+                    return False
                 pb = self.page_bytes[ch.gid]
                 n = len(ch.idxs)
-                buf = self.pool.take(n * pb, temporary=self.pool.max_slabs == 0)
+                if budget is not None and n * pb > budget:
+                    return False
+                buf = self.pool.take(n * pb, temporary=self.pool.max_slabs == 0 and budget is None)
                 now = _now()
                 if buf is None:
-                    self.wants_staging = True  # saves waiting for staging hold back (SavePipeline.drain)
+                    if budget is None:
+                        self.wants_staging = True  # saves waiting for staging hold back (SavePipeline.drain)
                     if job.first_slab_t is not None and job.slab_wait_since is None:
                         job.slab_wait_since = now
-                    return
+                    return False
+                if budget is not None:
+                    budget -= n * pb
                 ch.buf = buf
                 job.progress_t = now  # its batch got a slab: the wait for one ended
                 if job.first_slab_t is None:
@@ -242,6 +347,7 @@ class RestorePipeline:
                     continue
                 if self._driver is not None:
                     ch.handle.add_done_callback(self._landed)
+        return True
 
     def _landed(self, _handle: Any) -> None:
         self._wake.set()
@@ -258,8 +364,14 @@ class RestorePipeline:
             return self._finish(now)
 
     def _move(self, store: Store | None, now: float) -> None:
-        """Copy landed chunks into the KV cache, give copied-out slabs back, feed the free ones."""
+        """Copy landed chunks into the KV cache, give copied-out slabs back, feed the free ones (read-aheads keep
+        theirs until their restore starts, or are dropped once ``ahead_ttl_s`` old or failed)."""
+        for ahead in list(self._ahead.values()):
+            if ahead.failed or now - ahead.t0 > self.ahead_ttl_s:
+                self._drop_ahead(ahead, "expired")
         for job in self.jobs:
+            if job.ahead:  # landed batches wait for the restore's blocks
+                continue
             for ch in job.chunks:
                 if job.failed:
                     break
@@ -284,6 +396,9 @@ class RestorePipeline:
         done: list[LoadJob] = []
         keep: list[LoadJob] = []
         for job in self.jobs:
+            if job.ahead:
+                keep.append(job)
+                continue
             in_place = all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
             if not job.failed and not in_place:
                 # Timeouts measure a lack of progress, not the length of the queue: a batch in flight must land
@@ -346,6 +461,9 @@ class RestorePipeline:
         except Exception as exc:
             job.fail(_exception_cause(exc), f"{type(exc).__name__}: {exc}")
             return
+        rows = [j for j, i in enumerate(ch.idxs) if job.pages[i][1] >= 0]  # a read-ahead may hold pages not needed
+        if len(rows) < len(ch.idxs):
+            res = [res[j] for j in rows]
         bad_keys = [r.key for r in res if r.status is PageStatus.VERIFY_FAILED]
         if bad_keys:
             self.counters.add(verify_failures=len(bad_keys))
@@ -367,13 +485,17 @@ class RestorePipeline:
                      f"{first_detail})")
             return
         pb = self.page_bytes[ch.gid]
-        bids = [job.pages[i][1] for i in ch.idxs]
         assert ch.buf is not None
-        ch.copied = self.sink.scatter(ch.gid, bids, ch.buf[:len(bids) * pb].view(len(bids), pb))
+        for j0, j1 in _runs(rows):  # each run of consecutive needed rows is one contiguous slice of the slab
+            bids = [job.pages[ch.idxs[j]][1] for j in range(j0, j1)]
+            # on one stream, in order: the last copy's event marks them all
+            ch.copied = self.sink.scatter(ch.gid, bids, ch.buf[j0 * pb:j1 * pb].view(j1 - j0, pb))
         if self.audit is not None:
             if ch.copied is not None:
                 ch.copied.synchronize()
-            self.audit.record("load", ch.gid, [job.pages[i][2] for i in ch.idxs], self.sink.gather(ch.gid, bids))
+            placed = [job.pages[ch.idxs[j]] for j in rows]
+            self.audit.record("load", ch.gid, [k for _, _, k in placed],
+                              self.sink.gather(ch.gid, [b for _, b, _ in placed]))
         self.counters.add(pages_loaded=len(res), bytes_loaded=sum(r.nbytes for r in res))
 
     def classify(self, r: Any) -> tuple[Cause, str]:
@@ -396,6 +518,17 @@ class RestorePipeline:
         if detail.startswith("store process"):
             return Cause.HELPER_LOST, detail
         return Cause.IO_ERROR, detail or f"status {r.status.value}"
+
+
+def _runs(rows: list[int]) -> list[tuple[int, int]]:
+    """Sorted row numbers as half-open runs of consecutive ones: [0, 1, 2, 5] -> [(0, 3), (5, 6)]."""
+    out: list[tuple[int, int]] = []
+    for r in rows:
+        if out and out[-1][1] == r:
+            out[-1] = (out[-1][0], r + 1)
+        else:
+            out.append((r, r + 1))
+    return out
 
 
 def restore_phases(job: LoadJob, end: float) -> dict[str, float]:
