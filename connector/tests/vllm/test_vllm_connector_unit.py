@@ -1178,3 +1178,73 @@ def test_restore_phases_are_logged_per_restore_and_exported_with_a_phase_label()
     got = {p: reg.get_sample_value("vllm:adp_kv_restore_phase_seconds_total", {"engine": "0", "phase": p})
            for p in ("queued", "io", "copy", "step_wait", "slab_wait")}
     assert got == {"queued": 0.5, "io": 1.5, "copy": 0.1, "step_wait": 0.3, "slab_wait": 0.2}
+
+
+def _ahead_landed(worker: ADPConnector, rid: str) -> None:
+    """Wait until every batch of ``rid``'s read-ahead has landed in staging."""
+    pipe = worker.worker_side.restores
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with pipe._lock:
+            job = pipe._ahead.get(rid)
+            if job is not None and all(ch.handle is not None and ch.handle.done() for ch in job.chunks):
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"the read-ahead of {rid} never landed")
+
+
+@native_contract
+@pytest.mark.parametrize("ahead_mb", [None, 0], ids=["read-ahead", "off"])
+def test_a_request_waiting_for_blocks_is_read_ahead_then_only_copied(ahead_mb: int | None) -> None:
+    """r2 is offered its 12-token hit but vLLM finds it no blocks this step: its three pages are named once in the
+    next metadata and read into staging; when it gets blocks, its restore copies them into place (byte for byte)
+    without reading again. r3, read ahead and then finished without a restore, is dropped (its slab comes back).
+    Control: read_ahead_mb 0 names nothing and r2's restore reads its pages then."""
+    tgt, sched, worker = _target_and_halves(read_ahead_mb=ahead_mb)
+    kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
+    worker.register_kv_caches(kv)
+    try:
+        hashes = _cold_save(sched, worker)
+        r2 = _request("r2", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)  # ... and vLLM finds no blocks for it
+        meta = sched.build_connector_meta(_sched_out("none", 0, []))
+        if ahead_mb == 0:
+            assert meta.read_ahead == {}
+        else:
+            assert list(meta.read_ahead) == ["r2"] and len(meta.read_ahead["r2"]) == 3
+            worker.bind_connector_metadata(meta)
+            worker.start_load_kv(None)
+            worker.clear_connector_metadata()
+            _ahead_landed(worker, "r2")
+            assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)  # asked again, still no blocks
+            assert sched.build_connector_meta(_sched_out("none", 0, [])).read_ahead == {}  # named once
+        assert sched.get_num_new_matched_tokens(r2, 0) == (12, True)
+        sched.update_state_after_alloc(r2, SimpleNamespace(get_block_ids=lambda: ([5, 6, 7, 8],)), 12)
+        res = _restore(worker, sched.build_connector_meta(_sched_out("none", 0, [])), "r2")
+        assert not res.failed_recving
+        for n in LAYERS:
+            assert torch.equal(kv[n][5:8], kv[n][1:4])
+        worker.worker_side.counters.drain()
+        totals = worker.worker_side.counters.snapshot_totals()
+        used = totals.get("read_ahead_used_pages", 0)
+        assert (used, totals.get("read_ahead_pages", 0)) == ((0, 0) if ahead_mb == 0 else (3, 3))
+        if ahead_mb == 0:
+            return
+        r3 = _request("r3", hashes, 13)
+        assert sched.get_num_new_matched_tokens(r3, 0) == (12, True)
+        worker.bind_connector_metadata(sched.build_connector_meta(_sched_out("none", 0, [])))
+        worker.start_load_kv(None)
+        worker.clear_connector_metadata()
+        sched.request_finished_all_groups(r3, ([],))  # aborted while it waited
+        meta = sched.build_connector_meta(_sched_out("none", 0, []))
+        assert meta.read_ahead_drop == ["r3"]
+        worker.bind_connector_metadata(meta)
+        worker.start_load_kv(None)
+        worker.clear_connector_metadata()
+        assert not worker.worker_side.restores.jobs
+        worker.worker_side.counters.drain()
+        assert worker.worker_side.counters.snapshot_totals()["read_ahead_unused_pages"] == 3
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()

@@ -41,6 +41,7 @@ class ADPConfig:
     max_pending_save_mb: int = 4096
     staging_mb: int = 4096
     save_spill_mb: int | None = None
+    read_ahead_mb: int | None = None
     min_hit_blocks: int = 1
     min_load_tokens: int = 0
     restore_policy: str = "auto"
@@ -89,6 +90,10 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
                       "writes): staged oldest first as room comes back; a save finding it full too is dropped "
                       "(counted); 0: drop at once; null: derived when the KV cache registers (GPU: min(24 GiB, "
                       "half of its free memory); CPU: staging_mb)"),
+    "read_ahead_mb": ((int, type(None)), "staging that read-aheads may hold: the pages of a request waiting for GPU "
+                      "blocks (vLLM asks the connector about the request at the head of its queue every step) are "
+                      "read from the card into staging before its blocks exist, so its restore only copies them into "
+                      "place; only with slabs no restore waits for; 0: off; null: three quarters of staging_mb"),
     "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
     "min_load_tokens": ((int,), "no restore (and no extra engine step) when it adds fewer tokens than this beyond "
                         "the local prefix hit: they are recomputed (0: any gain of a block or more)"),
@@ -137,7 +142,7 @@ _POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_block
              "save_processes"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
                  "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens", "restore_prior_gbps",
-                 "switch_interval_ms", "save_spill_mb"}
+                 "switch_interval_ms", "save_spill_mb", "read_ahead_mb"}
 
 
 MAX_SAVE_PROCESSES = 16  # a card formatted by the store has 16 writer slots; each writer helper holds one

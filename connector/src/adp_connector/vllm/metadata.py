@@ -21,6 +21,9 @@ class ADPMetadata(KVConnectorMetadata):
     # TP > 1: the block hash behind each key of this step (keys are rank 0's; a worker of another rank derives its
     # own key for groups that differ per rank)
     block_hashes: dict[bytes, bytes] = field(default_factory=dict)
+    # requests waiting for GPU blocks whose restore the workers may read ahead: (group id, page key) of its pages
+    read_ahead: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
+    read_ahead_drop: list[str] = field(default_factory=list)  # read-aheads no restore will use (request finished)
 
 
 class ADPWorkerMetadata(KVConnectorWorkerMetadata):

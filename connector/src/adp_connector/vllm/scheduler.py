@@ -39,6 +39,8 @@ RECENT_SAVES = 65536  # keys remembered as "being saved" until the store index s
 RECENT_SAVE_TTL_S = 10.0  # > a save's write + the scheduler index refresh (1 s): then failed saves are retried
 LOST_KEYS = 1 << 18  # keys remembered as "not on the card" though the index may still list them
 LOOKUP_REUSE_S = 0.25  # a waiting request asked again within this time gets its last lookup's answer
+READ_AHEAD_REQUESTS = 2  # requests whose restore the workers read ahead at once (vLLM asks about its queue's head)
+READ_AHEAD_KINDS = (GroupKind.FULL, GroupKind.MLA, GroupKind.WINDOW, GroupKind.STATE)  # pages known before blocks
 
 
 @dataclass
@@ -89,6 +91,12 @@ class SchedulerSide:
         self._lost_gen = 0  # bumped whenever the workers report keys gone: a reused answer may not hide them
         self.policy = (RestorePolicy(prior_bytes_per_s=cfg.restore_prior_gbps * 1e9)
                        if cfg.restore_policy == "auto" else None)
+        # read-aheads: rid -> (request, local hit, hit) of a request offered a restore this step but not given blocks
+        # (it waits for them), and rid -> when its read-ahead was sent (until its restore is planned or it ends)
+        self._ahead_wanted: dict[str, tuple[Any, int, int]] = {}
+        self._ahead_sent: dict[str, float] = {}
+        self._ahead_drop: list[str] = []
+        self.read_ahead = cfg.read_ahead_mb != 0 and cfg.load
 
     # ------------------------------------------------------------------ lookups and restores
 
@@ -153,6 +161,8 @@ class SchedulerSide:
                 self._pending_hit.pop(rid, None)
                 return 0, False
         self._pending_hit[rid] = hit
+        if self.read_ahead:  # read ahead if vLLM finds it no blocks this step (update_state_after_alloc not called)
+            self._ahead_wanted[rid] = (request, num_computed_tokens, hit)
         log.debug("ADP KV: %s external hit %d tokens (local %d)", rid, hit, num_computed_tokens)
         return hit - num_computed_tokens, True
 
@@ -188,6 +198,8 @@ class SchedulerSide:
         rid = request.request_id
         st = self._reqs.setdefault(rid, _Req(request))
         st.request = request
+        self._ahead_wanted.pop(rid, None)  # it has its blocks: its restore is planned below (or it has nothing)
+        self._ahead_sent.pop(rid, None)
         local = self._local_hit.pop(rid, 0)
         if local and time.monotonic() >= self._resave_until:
             # the local hit's blocks were computed by an earlier request, which planned their saves: walking
@@ -263,15 +275,44 @@ class SchedulerSide:
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ADPMetadata:
         """This step's restores (planned at admission) and saves (blocks this step fills)."""
+        ahead = self._plan_read_ahead() if self.read_ahead else {}
         meta = ADPMetadata(loads=self._meta_loads, zero=self._meta_zero,
-                           load_blocks=self._meta_load_blocks if self.legacy else {}, block_hashes=self._meta_hashes)
-        self._meta_loads, self._meta_zero, self._meta_load_blocks = {}, {}, {}
+                           load_blocks=self._meta_load_blocks if self.legacy else {}, block_hashes=self._meta_hashes,
+                           read_ahead=ahead, read_ahead_drop=self._ahead_drop)
+        self._meta_loads, self._meta_zero, self._meta_load_blocks, self._ahead_drop = {}, {}, {}, []
         if self.policy is not None:
             self._observe_step(scheduler_output)
         try:  # the saves planned below add their block hashes to meta.block_hashes (TP > 1)
             return self._plan_saves(scheduler_output, meta)
         finally:
             self._meta_hashes = {}
+
+    def _plan_read_ahead(self) -> dict[str, list[tuple[int, bytes]]]:
+        """Pages ((group, key)) of the requests offered a restore this step that got no blocks, for the workers to
+        read ahead; each request once, at most READ_AHEAD_REQUESTS outstanding (a read-ahead whose restore does not
+        start within load_timeout_s is dropped by the workers and forgotten here)."""
+        now = time.monotonic()
+        ttl = max(self.cfg.load_timeout_s, 1.0)
+        for rid in [r for r, t in self._ahead_sent.items() if now - t > ttl]:
+            del self._ahead_sent[rid]
+        out: dict[str, list[tuple[int, bytes]]] = {}
+        for rid, (request, start, hit) in self._ahead_wanted.items():
+            if rid in self._ahead_sent or len(self._ahead_sent) >= READ_AHEAD_REQUESTS:
+                continue
+            pages: list[tuple[int, bytes]] = []
+            for g in self.layouts:
+                if not g.persists or g.kind not in READ_AHEAD_KINDS:
+                    continue  # read when its restore starts
+                first = start // g.block_size
+                for j in g.needed_blocks(hit // g.block_size):
+                    key = self.namer.key(g, request.block_hashes, j, self._meta_hashes) if j >= first else None
+                    if key is not None:
+                        pages.append((g.group_id, bytes(key)))
+            if pages:
+                out[rid] = pages
+                self._ahead_sent[rid] = now
+        self._ahead_wanted.clear()
+        return out
 
     def _observe_step(self, scheduler_output: SchedulerOutput) -> None:
         """Feed the restore policy this step's scheduled tokens and the prompt tokens the GPU still has to prefill
@@ -430,5 +471,8 @@ class SchedulerSide:
         self._planned.pop(rid, None)
         self._pending_hit.pop(rid, None)
         self._failed.discard(rid)
+        self._ahead_wanted.pop(rid, None)
+        if self._ahead_sent.pop(rid, None) is not None:  # finished (or aborted) before its restore started
+            self._ahead_drop.append(rid)
         if self.policy is not None:
             self.policy.forget(rid)

@@ -38,6 +38,7 @@ COUNTERS = (
     "bytes_loaded", "load_s", "saves", "pages_saved", "bytes_saved", "save_s", "saves_dropped", "save_errors",
     "store_unavailable", "saves_deduped", "async_loads_skipped", "lookups_reused",
     "restores_declined", "saves_waited", "saves_not_admitted",
+    "read_ahead_pages", "read_ahead_used_pages", "read_ahead_unused_pages", "read_ahead_expired_pages",
 )
 
 
@@ -112,7 +113,8 @@ class ADPPromMetrics(KVConnectorPromMetrics):
     _EXPORTED = ("loads_ok", "load_fallbacks", "verify_failures", "pages_loaded", "bytes_loaded", "load_s",
                  "pages_saved", "bytes_saved", "save_s", "saves_dropped", "save_errors", "lookup_hit_tokens",
                  "store_unavailable", "restores_declined", "saves_deduped", "async_loads_skipped", "saves_waited",
-                 "saves_not_admitted")
+                 "saves_not_admitted", "read_ahead_pages", "read_ahead_used_pages", "read_ahead_unused_pages",
+                 "read_ahead_expired_pages")
 
     def __init__(self, vllm_config: Any, metric_types: dict, labelnames: list[str],
                  per_engine_labelvalues: dict[int, list[object]]) -> None:

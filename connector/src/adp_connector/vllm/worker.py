@@ -136,6 +136,8 @@ class WorkerSide:
                                         timeout_s=self.cfg.load_timeout_s, audit=self.audit,
                                         discard_corrupt=self.cfg.save, ledger=self.saves.ledger,
                                         max_inflight=restore_inflight(self.cfg))
+        ahead_mb = self.cfg.read_ahead_mb if self.cfg.read_ahead_mb is not None else self.cfg.staging_mb * 3 // 4
+        self.restores.ahead_max_bytes = ahead_mb << 20
         restores = self.restores
         self.saves.yield_staging = lambda: restores.wants_staging  # a restore's wait costs a request's TTFT
         if devs and devs[0].type == "cuda":  # landed batches move as they land, not at the engine's next step
@@ -145,8 +147,13 @@ class WorkerSide:
     # ------------------------------------------------------------------ restores
 
     def start_load_kv(self, meta: ADPMetadata) -> None:
-        """Submit this step's restores; they complete in the store's threads (see :meth:`get_transfer_results`)."""
+        """Submit this step's restores; they complete in the store's threads (see :meth:`get_transfer_results`).
+        Read-aheads the scheduler dropped go first, then the restores (a read-ahead of theirs becomes theirs), then
+        this step's read-aheads."""
         store = self.link.store
+        if self.restores is not None and not self.disabled:
+            for rid in meta.read_ahead_drop:
+                self.restores.drop_read_ahead(rid)
         for rid, planned in meta.loads.items():
             mine = [(gid, bid, self.namer.rank_key(gid, key, meta.block_hashes)) for gid, bid, key in planned]
             pages = [(gid, bid, key) for gid, bid, key in mine if key is not None]
@@ -162,6 +169,10 @@ class WorkerSide:
                 self._unstarted.append(job)
                 continue
             self.restores.start(job, store)
+        if self.restores is not None and not self.disabled:
+            for rid, wanted in meta.read_ahead.items():
+                ahead = [(gid, self.namer.rank_key(gid, key, meta.block_hashes)) for gid, key in wanted]
+                self.restores.read_ahead(rid, [(gid, k) for gid, k in ahead if k is not None], store)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         """Copy landed restore chunks into the KV cache; report finished restores and failures (-> recompute).

@@ -43,6 +43,8 @@ COUNTERS = (
     "vllm:adp_kv_saves_not_admitted",  # pages a full card declined: it held pages asked for at least as often
     "vllm:adp_kv_hook_seconds",  # the connector's time inside vLLM's hooks, summed over them (each: BY_LABEL)
     "vllm:adp_kv_restore_phase_seconds",  # successful restores' time by phase (each: BY_LABEL; slab_wait overlaps io)
+    "vllm:adp_kv_read_ahead_pages", "vllm:adp_kv_read_ahead_used_pages",  # pages read before their blocks existed,
+    "vllm:adp_kv_read_ahead_unused_pages", "vllm:adp_kv_read_ahead_expired_pages",  # and what became of them
 )
 # Counter families kept per value of one label as well (``<name>{<label>=<value>}``), besides their sum: why restores
 # failed and saves were dropped, the connector's time inside each vLLM hook, and where restores' time went.
