@@ -23,6 +23,7 @@
 #   p  the sweep's 192-user point alone under py-spy --gil (who holds each process's interpreter lock)
 #   i  the same point under py-spy --idle (where the engine thread waits inside the connector's hooks)
 #   j  adp at 8 agents under py-spy --idle (where wait_for_save and the restores' phases spend their time)
+#   z  adp at 8 agents with read_ahead_mb=0 (b's adp arm without the read-ahead: what it is worth, same machine)
 #   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
 #      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
 # The base wheel set is enough:
@@ -126,6 +127,8 @@ step() {  # step LETTER: run it, then archive what it wrote (with host.txt) as /
     # the 45 s point, and 17 restores of ~5 GB ran at 6.2-7.6 GB/s; the engine log's restore_*_ms and the results'
     # adp_kv_restore_phase_seconds split each restore into queued, io (slab_wait within), copy and step_wait
     j) BENCH_ARGS="$A8 --arms adp --profile adp --profile-idle" $v agents $R/j ;;
+    # issue 14: b's adp arm at 8 agents without the read-ahead (read_ahead_mb=0), its control on the same machine
+    z) BENCH_ARGS="$A8 --arms adp --connector-opt read_ahead_mb=0" $v agents $R/z ;;
     # issue 14/15: the adp arm at 8 agents with py-spy on the engine's process tree (active threads)
     g) BENCH_ARGS="$A8 --arms adp --profile adp" $v agents $R/g ;;
     # the MDTS A/B: the adp arm at 8 agents with the old 128K card, on the same machine
