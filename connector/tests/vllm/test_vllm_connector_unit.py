@@ -1198,7 +1198,8 @@ def _ahead_landed(worker: ADPConnector, rid: str) -> None:
 def test_a_request_waiting_for_blocks_is_read_ahead_then_only_copied(ahead_mb: int | None) -> None:
     """r2 is offered its 12-token hit but vLLM finds it no blocks this step: its three pages are named once in the
     next metadata and read into staging; when it gets blocks, its restore copies them into place (byte for byte)
-    without reading again. r3, read ahead and then finished without a restore, is dropped (its slab comes back).
+    without reading again. r3, read ahead and then finished without a restore, is dropped (its slab comes back), and
+    so is r4's, given blocks with nothing left to restore.
     Control: read_ahead_mb 0 names nothing and r2's restore reads its pages then."""
     tgt, sched, worker = _target_and_halves(read_ahead_mb=ahead_mb)
     kv = {n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS}
@@ -1244,6 +1245,11 @@ def test_a_request_waiting_for_blocks_is_read_ahead_then_only_copied(ahead_mb: i
         assert not worker.worker_side.restores.jobs
         worker.worker_side.counters.drain()
         assert worker.worker_side.counters.snapshot_totals()["read_ahead_unused_pages"] == 3
+        r4 = _request("r4", hashes, 13)  # read ahead, then given blocks with nothing to restore after all
+        assert sched.get_num_new_matched_tokens(r4, 0) == (12, True)
+        assert list(sched.build_connector_meta(_sched_out("none", 0, [])).read_ahead) == ["r4"]
+        sched.update_state_after_alloc(r4, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 0)
+        assert sched.build_connector_meta(_sched_out("none", 0, [])).read_ahead_drop == ["r4"]
     finally:
         worker.shutdown()
         sched.shutdown()

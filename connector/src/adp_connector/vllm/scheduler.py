@@ -199,7 +199,7 @@ class SchedulerSide:
         st = self._reqs.setdefault(rid, _Req(request))
         st.request = request
         self._ahead_wanted.pop(rid, None)  # it has its blocks: its restore is planned below (or it has nothing)
-        self._ahead_sent.pop(rid, None)
+        read_ahead = self._ahead_sent.pop(rid, None) is not None
         local = self._local_hit.pop(rid, 0)
         if local and time.monotonic() >= self._resave_until:
             # the local hit's blocks were computed by an earlier request, which planned their saves: walking
@@ -209,6 +209,8 @@ class SchedulerSide:
                     st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), local // g.block_size)
         hit = self._pending_hit.pop(rid, None)
         if num_external_tokens <= 0 or hit is None:
+            if read_ahead:  # no restore after all (its hit is computed): the workers drop what they read
+                self._ahead_drop.append(rid)
             return
         start = hit - num_external_tokens
         block_ids = blocks.get_block_ids()
