@@ -353,7 +353,8 @@ def test_agents_cpu_smoke_under_eviction_restores_without_fallbacks(tmp_path: Pa
     the agents' 3000-token histories, so each turn's prefix is evicted and must come back from the card. Restored
     hits > 0 (only an evicted prefix gives an external hit beyond the local one), 0 load fallbacks and 0 failed
     restores of any cause (a dropped or uncommitted save offered as a hit would fail its restore), 0 failed
-    requests, no save dropped. The failure counters' own negative control is the corrupted-card restart test above;
+    requests, no save dropped; restores read ahead while their requests waited for blocks. The failure counters' own
+    negative control is the corrupted-card restart test above;
     saves that wait for room instead of being dropped are the connector's layer test (a slow target)."""
     py = _vllm_python()
     if py is None:
@@ -371,6 +372,10 @@ def test_agents_cpu_smoke_under_eviction_restores_without_fallbacks(tmp_path: Pa
     assert c["external_prefix_cache_hits"] > 0 and c["adp_kv_loads_ok"] > 0, c
     assert c["adp_kv_load_fallbacks"] == 0 and c["adp_kv_load_failures"] == 0, c
     assert c["adp_kv_saves_dropped"] == 0, c
+    # requests wait for blocks with a hit there: their restores are read ahead, and every page read ahead is used
+    # or accounted for (measured: 119 pages read ahead, 119 used; with read_ahead_mb=0, none)
+    assert c["adp_kv_read_ahead_used_pages"] > 0 and c["adp_kv_read_ahead_expired_pages"] == 0, c
+    assert c["adp_kv_read_ahead_pages"] == c["adp_kv_read_ahead_used_pages"] + c["adp_kv_read_ahead_unused_pages"], c
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
@@ -516,6 +521,7 @@ def test_restore_phases_are_reported_per_restore():
     """Where a mean successful restore's time went, from the scraped phase series, at the end of the printed line;
     nothing where no restore succeeded (the control)."""
     from adp_testbed.bench.common import hook_line
+    from adp_testbed.bench.report import _why
 
     c = {"request_success": 4.0, "adp_kv_hook_seconds{hook=wait_for_save}": 0.08, "adp_kv_loads_ok": 2.0,
          "adp_kv_restore_phase_seconds{phase=queued}": 0.1, "adp_kv_restore_phase_seconds{phase=io}": 1.2,
@@ -524,6 +530,10 @@ def test_restore_phases_are_reported_per_restore():
     assert hook_line({"counters": c}).endswith("  restore ms: queued 50, io 600, step_wait 150")
     assert serve.restore_phase_ms({**c, "adp_kv_loads_ok": 0.0}) == {}
     assert "restore ms" not in hook_line({"counters": {**c, "adp_kv_loads_ok": 0.0}})
+    restored = {**c, "external_prefix_cache_hits": 800.0}  # the report's reason names the phases, not a guess
+    assert "in 2 load(s) beside 0 local hit tokens (a restore took queued 50, io 600, step_wait 150 ms)" in \
+        _why(restored)
+    assert "inside vLLM's hooks it spent wait_for_save 20.0 ms per request" in _why(restored)
     text = ('# TYPE vllm:adp_kv_restore_phase_seconds counter\n'
             'vllm:adp_kv_restore_phase_seconds_total{engine="0",phase="io"} 1.5\n'
             'vllm:adp_kv_restore_phase_seconds_total{engine="0",phase="queued"} 0.5\n')

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .serve import hook_ms_per_request
+from .serve import hook_ms_per_request, restore_phase_ms
 
 COLORS = {"baseline": "#8c8c8c", "adp": "#1f77b4", "cpu-offload": "#ff7f0e"}
 LABELS = {"baseline": "baseline (no connector)", "adp": "ADP connector",
@@ -277,8 +277,15 @@ def _why(c: dict[str, float], failed: int = 0, other_failed: int = 0) -> str:
             parts.append("inside vLLM's hooks it spent " + ", ".join(f"{h} {v:.1f}" for h, v in list(hooks.items())[:3])
                          + " ms per request")
     else:
-        parts.append(f"it restored {ext:.0f} tokens from the card in {loads:.0f} load(s) beside {local:.0f} local hit "
-                     f"tokens: at this size the restore took longer than the prefill it replaced")
+        text = f"it restored {ext:.0f} tokens from the card in {loads:.0f} load(s) beside {local:.0f} local hit tokens"
+        phases = restore_phase_ms(c)
+        if phases:
+            text += " (a restore took " + ", ".join(f"{p} {v:.0f}" for p, v in phases.items()) + " ms)"
+        parts.append(text)
+        hooks = hook_ms_per_request(c)
+        if hooks:
+            parts.append("inside vLLM's hooks it spent " + ", ".join(f"{h} {v:.1f}" for h, v in list(hooks.items())[:3])
+                         + " ms per request")
     if errs:
         parts.append(f"{errs:.0f} save(s) failed or were dropped")
     if failed > other_failed:
