@@ -182,3 +182,17 @@ def test_a_page_read_ahead_and_missing_fails_the_restore_only_if_it_needs_it() -
     pipe2.start(LoadJob("B", [(0, 3, _key(10))], [], t0=0.0), store)
     [job2] = pipe2.poll(store)
     assert not job2.failed and int(kv2[3, 0]) == 10 and int(kv2.abs().sum()) == 64 * 10
+
+
+def test_a_page_wanted_in_two_blocks_fills_both() -> None:
+    """Should a restore list one page for two blocks, the read-ahead's copy fills one and a read of its own the
+    other: no block of the restore is left unfilled."""
+    kv, _, pipe = _setup(ahead_bytes=1 << 20)
+    store = _Store()
+    pipe.read_ahead("A", [(0, _key(10)), (0, _key(11))], store)
+    store.land_all()
+    pipe.start(LoadJob("A", [(0, 3, _key(10)), (0, 4, _key(11)), (0, 5, _key(10))], [], t0=0.0), store)
+    assert store.submitted()[1:] == [[10]]
+    store.land_all()
+    [job] = pipe.poll(store)
+    assert not job.failed and [int(kv[b, 0]) for b in (3, 4, 5)] == [10, 11, 10]

@@ -227,7 +227,7 @@ class RestorePipeline:
         extra: list[PageRef] = []
         for gid, bid, key in job.pages:
             i = where.get((gid, key))
-            if i is None:
+            if i is None or pages[i][1] >= 0:  # not read ahead, or a second block of the same page: read it
                 extra.append((gid, bid, key))
             else:
                 pages[i] = (gid, bid, key)
@@ -239,8 +239,8 @@ class RestorePipeline:
         job.pages = pages + extra
         job.chunks = keep
         self._add_chunks(job, range(len(pages), len(job.pages)))
-        job.first_slab_t, job.landed_t, job.slab_wait_s = ahead.first_slab_t, ahead.landed_t, ahead.slab_wait_s
-        job.slab_wait_since = ahead.slab_wait_since
+        job.first_slab_t = ahead.first_slab_t  # waits before the restore started are not its own
+        job.slab_wait_since = None if ahead.slab_wait_since is None else max(ahead.slab_wait_since, job.t0)
         used = len(job.pages) - len(extra) - sum(1 for p in pages if p[1] < 0)
         self.counters.add(read_ahead_used_pages=used, read_ahead_unused_pages=len(ahead.pages) - used)
         self.jobs[self.jobs.index(ahead)] = job  # its place in the queue: older than the restores started since
