@@ -11,57 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from stub_store import StubStore  # noqa: E402
+
 from adp_connector.pipeline import Cause, Counters, LoadJob, PagedKV, RestorePipeline, StagingPool  # noqa: E402
 from adp_connector.pipeline import restore as R  # noqa: E402
-from adp_connector.store.results import PageResult, PageStatus  # noqa: E402
 
 PAGE = 64  # bytes per page: one layer, 64 int8 per block
 BLOCKS = 32
-
-
-class _Batch:
-    def __init__(self, keys: list[bytes], bufs: list, missing: set[bytes]) -> None:
-        self.keys, self.bufs, self.missing, self._done = keys, bufs, missing, False
-        self._callbacks: list = []
-
-    def land(self) -> None:
-        for k, b in zip(self.keys, self.bufs, strict=True):
-            b[:] = k[0]
-        self._done = True
-        for cb in self._callbacks:
-            cb(self)
-
-    def add_done_callback(self, cb) -> None:
-        self._callbacks.append(cb)
-
-    def done(self) -> bool:
-        return self._done
-
-    def wait(self, timeout: float | None = None) -> list[PageResult]:
-        assert self._done
-        return [PageResult(k, PageStatus.MISSING if k in self.missing else PageStatus.OK, PAGE) for k in self.keys]
-
-
-class _Store:
-    def __init__(self, missing: set[bytes] | None = None) -> None:
-        self.batches: list[_Batch] = []
-        self.missing = missing or set()
-
-    def note_reading(self, keys: list[bytes]) -> None:
-        pass
-
-    def load_batch(self, keys: list[bytes], bufs: list) -> _Batch:
-        b = _Batch(list(keys), bufs, self.missing)
-        self.batches.append(b)
-        return b
-
-    def submitted(self) -> list[list[int]]:
-        return [[k[0] for k in b.keys] for b in self.batches]
-
-    def land_all(self) -> None:
-        for b in self.batches:
-            if not b.done():
-                b.land()
 
 
 def _key(page: int) -> bytes:
@@ -85,9 +41,9 @@ def test_pages_read_ahead_are_only_copied_when_the_restore_starts() -> None:
     """Six pages read ahead land before the request has blocks; its restore then submits nothing and finishes at
     the next poll with every page in its block."""
     kv, _, pipe = _setup(ahead_bytes=1 << 20)
-    store = _Store()
+    store = StubStore(PAGE)
     pipe.read_ahead("A", [(0, _key(10 + i)) for i in range(6)], store)
-    assert store.submitted() == [[10, 11], [12, 13], [14, 15]]
+    assert store.submitted_pages() == [[10, 11], [12, 13], [14, 15]]
     store.land_all()
     assert pipe.poll(store) == [] and int(kv.abs().sum()) == 0  # landed, but no block is known yet
     pipe.start(LoadJob("A", [(0, 20 + i, _key(10 + i)) for i in range(6)], [], t0=0.0), store)
@@ -102,13 +58,13 @@ def test_a_restore_takes_the_pages_it_needs_and_reads_the_rest() -> None:
     """The restore needs pages 11-13 of the six read ahead, and page 30 that was not: 11 goes alone from its slab
     (10 stays out of the KV cache), the batch of 14-15 goes back unused, 30 gets a batch of its own."""
     kv, pool, pipe = _setup(ahead_bytes=1 << 20)
-    store = _Store()
+    store = StubStore(PAGE)
     pipe.read_ahead("A", [(0, _key(10 + i)) for i in range(6)], store)
     store.land_all()
     pipe.poll(store)
     pipe.start(LoadJob("A", [(0, 5, _key(11)), (0, 6, _key(12)), (0, 7, _key(13)), (0, 9, _key(30))], [], t0=0.0),
                store)
-    assert store.submitted()[3:] == [[30]]
+    assert store.submitted_pages()[3:] == [[30]]
     assert pipe.poll(store) == []  # page 30 is still in flight
     store.land_all()
     [job] = pipe.poll(store)
@@ -123,14 +79,14 @@ def test_a_read_ahead_takes_only_its_budget_and_slabs_no_restore_waits_for() -> 
     """With a budget of two slabs the read-ahead submits two of its three batches; another request's restore,
     started later, gets the two other slabs and, as a slab frees, the next one before the read-ahead."""
     _, _, pipe = _setup(ahead_bytes=2 * 2 * PAGE)
-    store = _Store()
+    store = StubStore(PAGE)
     pipe.read_ahead("A", [(0, _key(10 + i)) for i in range(6)], store)
-    assert store.submitted() == [[10, 11], [12, 13]]
+    assert store.submitted_pages() == [[10, 11], [12, 13]]
     pipe.start(LoadJob("B", [(0, 20 + i, _key(40 + i)) for i in range(6)], [], t0=0.0), store)
-    assert store.submitted()[2:] == [[40, 41], [42, 43]]
+    assert store.submitted_pages()[2:] == [[40, 41], [42, 43]]
     store.batches[2].land()
     pipe.poll(store)
-    assert store.submitted()[4:] == [[44, 45]]  # B's third batch, not A's
+    assert store.submitted_pages()[4:] == [[44, 45]]  # B's third batch, not A's
 
 
 def test_a_read_ahead_never_used_is_dropped_and_its_slabs_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,7 +94,7 @@ def test_a_read_ahead_never_used_is_dropped_and_its_slabs_come_back(monkeypatch:
     monkeypatch.setattr(R, "_now", lambda: now[0])
     _, pool, pipe = _setup(ahead_bytes=1 << 20)
     pipe.ahead_ttl_s = 5.0
-    store = _Store()
+    store = StubStore(PAGE)
     pipe.read_ahead("A", [(0, _key(10 + i)) for i in range(4)], store)
     store.land_all()
     now[0] = 104.0
@@ -156,7 +112,7 @@ def test_a_read_ahead_never_used_is_dropped_and_its_slabs_come_back(monkeypatch:
 def test_without_a_budget_nothing_is_read_ahead() -> None:
     """Control: ahead_max_bytes 0 (read-ahead off): no batch until the restore starts, which reads every page."""
     kv, _, pipe = _setup(ahead_bytes=0)
-    store = _Store()
+    store = StubStore(PAGE)
     pipe.read_ahead("A", [(0, _key(10 + i)) for i in range(6)], store)
     assert store.batches == [] and pipe.jobs == []
     pipe.start(LoadJob("A", [(0, 20 + i, _key(10 + i)) for i in range(6)], [], t0=0.0), store)
@@ -169,7 +125,7 @@ def test_without_a_budget_nothing_is_read_ahead() -> None:
 def test_a_page_read_ahead_and_missing_fails_the_restore_only_if_it_needs_it() -> None:
     """Page 11 was not on the card when read ahead: a restore that needs it fails with the cause (the request
     recomputes); one that does not (page 10 of the same batch only) succeeds."""
-    store = _Store(missing={_key(11)})
+    store = StubStore(PAGE, missing={_key(11)})
     _, _, pipe = _setup(ahead_bytes=1 << 20)
     pipe.read_ahead("A", [(0, _key(10)), (0, _key(11))], store)
     store.land_all()
@@ -188,11 +144,11 @@ def test_a_page_wanted_in_two_blocks_fills_both() -> None:
     """Should a restore list one page for two blocks, the read-ahead's copy fills one and a read of its own the
     other: no block of the restore is left unfilled."""
     kv, _, pipe = _setup(ahead_bytes=1 << 20)
-    store = _Store()
+    store = StubStore(PAGE)
     pipe.read_ahead("A", [(0, _key(10)), (0, _key(11))], store)
     store.land_all()
     pipe.start(LoadJob("A", [(0, 3, _key(10)), (0, 4, _key(11)), (0, 5, _key(10))], [], t0=0.0), store)
-    assert store.submitted()[1:] == [[10]]
+    assert store.submitted_pages()[1:] == [[10]]
     store.land_all()
     [job] = pipe.poll(store)
     assert not job.failed and [int(kv[b, 0]) for b in (3, 4, 5)] == [10, 11, 10]

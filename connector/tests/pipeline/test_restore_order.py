@@ -12,53 +12,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from stub_store import StubStore  # noqa: E402
+
 from adp_connector.pipeline import Cause, Counters, LoadJob, PagedKV, RestorePipeline, StagingPool  # noqa: E402
-from adp_connector.store.results import PageResult, PageStatus  # noqa: E402
 
 PAGE = 64  # bytes per page: one layer, 64 int8 per block
 BLOCKS = 32
 
 
-class _Batch:
-    def __init__(self, keys: list[bytes], bufs: list) -> None:
-        self.keys, self.bufs, self._done = keys, bufs, False
-        self._callbacks: list = []
-
-    def land(self) -> None:
-        for k, b in zip(self.keys, self.bufs, strict=True):
-            b[:] = k[0]  # the page's bytes say which page it is
-        self._done = True
-        for cb in self._callbacks:
-            cb(self)
-
-    def add_done_callback(self, cb) -> None:
-        self._callbacks.append(cb)
-
-    def done(self) -> bool:
-        return self._done
-
-    def wait(self, timeout: float | None = None) -> list[PageResult]:
-        assert self._done
-        return [PageResult(k, PageStatus.OK, PAGE) for k in self.keys]
-
-
-class _Store:
-    """Records the order batches were submitted in."""
+class _Store(StubStore):
+    """The stand-in store at this module's page size (records the order batches were submitted in)."""
 
     def __init__(self) -> None:
-        self.batches: list[_Batch] = []
-        self.reading: list[bytes] = []
-
-    def note_reading(self, keys: list[bytes]) -> None:
-        self.reading += keys
-
-    def load_batch(self, keys: list[bytes], bufs: list) -> _Batch:
-        b = _Batch(list(keys), bufs)
-        self.batches.append(b)
-        return b
-
-    def submitted(self) -> list[int]:
-        return [b.keys[0][0] for b in self.batches]  # first page id of each batch
+        super().__init__(PAGE)
 
 
 def _setup(max_inflight: int | None):
