@@ -272,20 +272,16 @@ def _why(c: dict[str, float], failed: int = 0, other_failed: int = 0) -> str:
     elif not ext:
         parts.append(f"the connector restored nothing here (0 external hit tokens; vLLM's own prefix cache hit "
                      f"{local:.0f} tokens), so the arm only paid for saving ({saved:.0f} pages saved)")
-        hooks = hook_ms_per_request(c)
-        if hooks:
-            parts.append("inside vLLM's hooks it spent " + ", ".join(f"{h} {v:.1f}" for h, v in list(hooks.items())[:3])
-                         + " ms per request")
     else:
         text = f"it restored {ext:.0f} tokens from the card in {loads:.0f} load(s) beside {local:.0f} local hit tokens"
         phases = restore_phase_ms(c)
         if phases:
             text += " (a restore took " + ", ".join(f"{p} {v:.0f}" for p, v in phases.items()) + " ms)"
         parts.append(text)
-        hooks = hook_ms_per_request(c)
-        if hooks:
-            parts.append("inside vLLM's hooks it spent " + ", ".join(f"{h} {v:.1f}" for h, v in list(hooks.items())[:3])
-                         + " ms per request")
+    hooks = hook_ms_per_request(c)
+    if hooks and not (fb or vf):
+        parts.append("inside vLLM's hooks it spent " + ", ".join(f"{h} {v:.1f}" for h, v in list(hooks.items())[:3])
+                     + " ms per request")
     if errs:
         parts.append(f"{errs:.0f} save(s) failed or were dropped")
     if failed > other_failed:
