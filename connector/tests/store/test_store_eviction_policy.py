@@ -305,3 +305,45 @@ def test_take_evicted_names_each_evicted_page_once() -> None:
         assert len(taken) == s.stats.evictions and s.take_evicted() == []
     finally:
         s.close()
+
+
+def _key(i: int, tag: int = 0) -> bytes:
+    """A 32-byte key whose last-asked slot is ``i`` and whose tag bytes are ``tag``."""
+    return bytes(8) + i.to_bytes(4, "little") + tag.to_bytes(4, "little") + bytes(16)
+
+
+def test_a_page_keeps_its_own_cycle_and_outlives_twice_it() -> None:
+    """A key asked again gives its page a cycle (kept from before its save when it was not held); a key that only
+    shares the slot gives none; a protected page untouched past twice its cycle and the own pages' count is the
+    next victim, ahead of unprotected pages, well within the horizon."""
+    own = OwnPages("slru", 1.0)
+    a, b, c, stranger = _key(1), _key(2), _key(3), _key(1, tag=7)
+    own.asked([c, *(_key(100 + i) for i in range(29)), c])  # c, never held, asked again after 30: horizon 60
+    own.asked([b, *(_key(200 + i) for i in range(9)), b])  # b, not held, asked again after 10
+    own[b] = Loc(0, 2, 2, 1, 2)
+    assert own._cycle == {b: 10} and own.horizon == 60
+    own[a] = Loc(0, 1, 1, 1, 1)
+    own.asked([stranger])  # a's slot, another key: no cycle for either
+    own.asked([a])
+    assert a not in own._cycle
+    own.read_back([a, b])  # both protected, touched now
+    for i in range(4):
+        own[_key(300 + i)] = Loc(0, 10 + i, 10 + i, 1, 10 + i)  # unprotected, newer
+    assert own.victim(lambda loc: True) == _key(300)  # b is within twice its cycle
+    own.asked([_key(400 + i) for i in range(20)])
+    assert not own.outlived(b) and own.victim(lambda loc: True) == _key(300)
+    own.asked([_key(500)])  # b untouched for 21 > 2 * 10 pages asked (and > 6 own pages)
+    assert own.outlived(b) and own.victim(lambda loc: True) == b
+    assert not own.outlived(a)  # no cycle of its own: only the horizon applies
+    del own[b]
+    assert b not in own._cycle
+
+
+def test_control_a_page_without_a_cycle_is_not_the_next_victim_while_protected() -> None:
+    own = OwnPages("slru", 1.0)
+    b = _key(2)
+    own[b] = Loc(0, 2, 2, 1, 2)
+    own.read_back([b])
+    own[_key(3)] = Loc(0, 3, 3, 1, 3)
+    own.asked([_key(300 + i) for i in range(4)])  # untouched for more than the own pages' count, no cycle
+    assert own.horizon == 4 and not own.outlived(b) and own.victim(lambda loc: True) == _key(3)

@@ -9,10 +9,15 @@ read back, instead of evicting exactly the ones it needs next. ``lru``: one rece
 Each page also carries when it was last touched, on a clock of pages asked for (saves asked, pages read back), and
 the longest reuse distance seen lately: how long a key went unasked before it was asked for again, whether the card
 held it or not (a table of when each key was last asked, indexed by the key's own bytes, which are a hash already; a
-collision can only lengthen a distance, which keeps more pages).
-:meth:`OwnPages.outlived` tells a page untouched for longer than twice that, and than twice the own pages' count: a
-page no workload of late comes back to, which frequency admission then lets go without weighing its count
-(admission.py).
+collision can only lengthen the longest distance, which keeps more pages). A page also keeps its own longest reuse
+distance (the table then checks four more of the key's bytes, so a collision gives no distance): a page asked again
+after one agent round has a cycle of one round.
+:meth:`OwnPages.outlived` tells a page no workload of late comes back to: untouched for longer than twice the longest
+reuse seen lately and twice the own pages' count, or, for a page with a cycle of its own, for longer than twice that
+cycle and the own pages' count. Frequency admission lets such a page go without weighing its count (admission.py),
+and it is the next victim even while protected (:meth:`OwnPages.victim` looks at the least recent few): the pages
+of a workload that ended (an earlier benchmark point's agents, read back every round, so their counts are high)
+make room for the next one within its first round, instead of declining it until the counts halve.
 
 The policy lives in memory only: a re-opened store indexes every page unprotected, oldest sequence first.
 """
@@ -28,6 +33,8 @@ from .core import Loc, check_eviction
 
 REUSE_EPOCH_MIN = 1024  # the reuse distance is remembered over two epochs of max(own pages, this) pages asked
 LAST_ASKED_SLOTS = 1 << 18  # when each key was last asked, by the key's bytes 8..12 (0: never)
+OUTLIVED_SCAN = 16  # the least recent protected pages looked at for one that outlived its cycle
+GHOST_CYCLES_KEPT = 1 << 16  # keys not held whose reuse distance waits for their save
 
 
 class OwnPages(MutableMapping[bytes, Loc]):
@@ -48,6 +55,9 @@ class OwnPages(MutableMapping[bytes, Loc]):
         self._reuse = [0, 0]  # the longest reuse distance seen in the previous epoch and in this one
         self._epoch_end = REUSE_EPOCH_MIN
         self._last_asked = array("Q", bytes(8 * LAST_ASKED_SLOTS))  # the clock when a key was last asked (0: never)
+        self._last_tag = array("I", bytes(4 * LAST_ASKED_SLOTS))  # that key's bytes 12..16
+        self._cycle: dict[bytes, int] = {}  # own key -> the longest reuse distance seen for that key
+        self._ghost_cycle: OrderedDict[bytes, int] = OrderedDict()  # keys not held, just asked again -> distance
 
     # ---------------------------------------------------------------- mapping
 
@@ -61,11 +71,15 @@ class OwnPages(MutableMapping[bytes, Loc]):
         self._cold.pop(key, None)
         self._cold[key] = loc
         self._mark(key)
+        cycle = self._ghost_cycle.pop(key, None)  # asked again before it was (re)written: its cycle is known
+        if cycle is not None:
+            self._cycle[key] = max(cycle, self._cycle.get(key, 0))
 
     def __delitem__(self, key: bytes) -> None:
         if self._cold.pop(key, None) is None:
             del self._hot[key]
         self._stamp.pop(key, None)
+        self._cycle.pop(key, None)
 
     def __contains__(self, key: object) -> bool:
         return key in self._cold or key in self._hot
@@ -84,24 +98,42 @@ class OwnPages(MutableMapping[bytes, Loc]):
         self._cold.clear()
         self._hot.clear()
         self._stamp.clear()
+        self._cycle.clear()
+        self._ghost_cycle.clear()
 
     # ---------------------------------------------------------------- age
 
     def asked(self, keys: list[bytes]) -> None:
         """``keys`` asked for (saved or read back, stored or not): the clock advances by one per key, and a key asked
-        before gives a reuse distance."""
-        last, mask = self._last_asked, LAST_ASKED_SLOTS - 1
+        before gives a reuse distance (the longest seen lately, and the key's own cycle)."""
+        last, tags, mask = self._last_asked, self._last_tag, LAST_ASKED_SLOTS - 1
         longest = self._reuse[1]
         for k in keys:
             self.clock += 1
             i = int.from_bytes(k[8:12], "little") & mask
-            if last[i] and self.clock - last[i] > longest:
-                longest = self.clock - last[i]
+            tag = int.from_bytes(k[12:16], "little")
+            if last[i]:
+                d = self.clock - last[i]
+                longest = max(longest, d)
+                if tags[i] == tag:
+                    self._note_cycle(k, d)
             last[i] = self.clock
+            tags[i] = tag
         self._reuse[1] = longest
         while self.clock >= self._epoch_end:
             self._reuse = [self._reuse[1], 0]
             self._epoch_end += max(len(self), REUSE_EPOCH_MIN)
+
+    def _note_cycle(self, key: bytes, d: int) -> None:
+        """``key`` asked again ``d`` pages after its last ask: its cycle, kept with the page if held, else until it
+        is written (the newest ``GHOST_CYCLES_KEPT`` keys not held)."""
+        if key in self:
+            self._cycle[key] = max(d, self._cycle.get(key, 0))
+            return
+        ghosts = self._ghost_cycle
+        ghosts[key] = max(d, ghosts.pop(key, 0))
+        while len(ghosts) > GHOST_CYCLES_KEPT:
+            ghosts.popitem(last=False)
 
     def _mark(self, key: bytes) -> None:
         """``key`` touched now (its age starts again)."""
@@ -115,8 +147,13 @@ class OwnPages(MutableMapping[bytes, Loc]):
         return 2 * max(len(self), *self._reuse)
 
     def outlived(self, key: bytes) -> bool:
-        """Whether ``key`` (present) went untouched for longer than :attr:`horizon`."""
-        return self.clock - self._stamp.get(key, self.clock) > self.horizon
+        """Whether ``key`` (present) went untouched for longer than :attr:`horizon`, or, if it has a cycle of its own
+        (it was asked for again at least once), for longer than twice that cycle and than the own pages' count."""
+        age = self.clock - self._stamp.get(key, self.clock)
+        if age > self.horizon:
+            return True
+        cycle = self._cycle.get(key)
+        return cycle is not None and age > max(2 * cycle, len(self))
 
     # ---------------------------------------------------------------- recency
 
@@ -171,7 +208,17 @@ class OwnPages(MutableMapping[bytes, Loc]):
         self._cold = older
 
     def victim(self, evictable: Callable[[Loc], bool]) -> bytes | None:
-        """The next page to evict: the least recent ``evictable`` unprotected page, else protected one."""
+        """The next page to evict: among the ``OUTLIVED_SCAN`` least recent ``evictable`` protected pages, the first
+        that has :meth:`outlived` its reuse (a workload that ended); else the least recent ``evictable`` unprotected
+        page, else protected one."""
+        scanned = 0
+        for k, loc in self._hot.items():
+            if scanned == OUTLIVED_SCAN:
+                break
+            if evictable(loc):
+                if self.outlived(k):
+                    return k
+                scanned += 1
         for order in (self._cold, self._hot):
             for k, loc in order.items():
                 if evictable(loc):
