@@ -197,9 +197,43 @@ def test_the_driver_moves_a_restore_between_the_callers_polls(device: str) -> No
     lands while the caller does not poll, and the caller's next poll finishes it, pages in place."""
     submitted, kv, pipe = _restore_without_polls(driver=True, device=device)
     assert submitted == 12
-    [job] = pipe.poll(_Store())  # nothing is left to feed
+    [job] = pipe.poll(_Store())  # nothing is left to feed (the driver stopped after its last copy)
     assert not job.failed
     assert kv[:24, 0].cpu().tolist() == list(range(24)) and int(kv[24:].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "control-no-driver"])
+def test_with_the_driver_the_callers_poll_launches_no_copy(driver: bool) -> None:
+    """The engine's poll only finishes jobs while the driver runs: every copy into the KV cache is launched from the
+    driver's thread (GPU run 25: the poll took 1.2 s of the engine's thread at 8 agents copying read-aheads). The
+    control: without the driver the caller's poll launches them all."""
+    import threading
+
+    kv, pipe, store = _setup(max_inflight=None)
+    threads: list[str] = []
+    scatter = pipe.sink.scatter
+
+    def recording_scatter(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return scatter(*args, **kwargs)
+
+    pipe.sink.scatter = recording_scatter  # type: ignore[method-assign]
+    if driver:
+        pipe.run_driver(lambda: store)
+    try:
+        pipe.start(_job("A", 0, 4, 0), store)
+        done: list[LoadJob] = []
+        deadline = time.monotonic() + 5.0
+        while not done and time.monotonic() < deadline:
+            for b in store.batches:
+                if not b.done():
+                    b.land()
+            done = pipe.poll(store)
+            time.sleep(0.001)
+    finally:
+        pipe.stop_driver()
+    assert [bool(j.failed) for j in done] == [False] and kv[:4, 0].tolist() == [0, 1, 2, 3]
+    assert threads and set(threads) == {"adpkv-restore" if driver else threading.current_thread().name}, threads
 
 
 def test_without_the_driver_a_restore_waits_for_the_callers_polls() -> None:

@@ -11,7 +11,8 @@ Any page not restored fails the whole job (the caller recomputes).
 The caller polls once per engine step. On a GPU a thread of the pipeline's own (:meth:`RestorePipeline.run_driver`)
 also moves landed batches into the KV cache and hands their slabs the next batches as they land: polled only, a
 slab waits for the engine's next step twice per cycle (landed -> copied -> free), so a long prefill step stalls every
-restore in flight. Finishing a job (zero-fill, counters, the report) stays with the caller's poll.
+restore in flight. While the driver runs it alone moves batches, so the copies of landed batches are never launched
+from the engine's thread. Finishing a job (zero-fill, counters, the report) stays with the caller's poll.
 
 A restore may also be read ahead (:meth:`RestorePipeline.read_ahead`): the pages of a request that waits for GPU
 blocks are read into staging before its blocks exist, within ``ahead_max_bytes`` of slabs and only with slabs no
@@ -357,10 +358,12 @@ class RestorePipeline:
             self._wake.set()
 
     def poll(self, store: Store | None) -> list[LoadJob]:
-        """Copy landed chunks into the KV cache, feed free slabs; return (and release) the finished jobs."""
+        """Copy landed chunks into the KV cache and feed free slabs (unless the driver thread does), return (and
+        release) the finished jobs."""
         with self._lock:
             now = _now()
-            self._move(store, now)
+            if self._driver is None:
+                self._move(store, now)
             return self._finish(now)
 
     def _move(self, store: Store | None, now: float) -> None:
