@@ -234,3 +234,42 @@ def test_pages_a_full_card_declines_are_counted_apart_and_not_reported_as_failed
     outcome = pipe.ledger.get(bytes([1]) * 32)
     assert outcome is not None and outcome[0].startswith("was not admitted")
     assert pipe.ledger.get(bytes([0]) * 32)[0] == "committed"  # control: an admitted page of the same batch
+
+
+class _CopyEvent:
+    """A device -> host copy's event that never completes by itself; records waits on it."""
+
+    def __init__(self, waits: list[_CopyEvent]) -> None:
+        self.waits = waits
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waits.append(self)
+        self.done = True
+
+
+def _queued(pipe: SavePipeline, waits: list[_CopyEvent], nbytes: int) -> _CopyEvent:
+    ev = _CopyEvent(waits)
+    pipe._d2h_inflight.append((ev, nbytes, pipe._step))
+    return ev
+
+
+@pytest.mark.parametrize("earlier_step", [False, True], ids=["this-step", "control-earlier-step"])
+def test_the_copies_bound_waits_only_for_earlier_steps(earlier_step: bool) -> None:
+    """A step's copies start only once its forward has run: waiting for them held the engine thread until the GPU
+    finished the step. Past the bound, only copies of earlier steps are waited for, oldest first. The control: the
+    same bytes queued by the step before are waited for until the rest fits the bound."""
+    kv, _ = _kv("cpu")
+    pipe = SavePipeline(kv, StagingPool(1024, 4096, pinned=False), Counters(), max_pending_bytes=1 << 30,
+                        slab_required=False)
+    waits: list[_CopyEvent] = []
+    pipe.new_step()
+    first = [_queued(pipe, waits, save_mod.D2H_INFLIGHT_BYTES // 2) for _ in range(3)]  # 1.5x the bound
+    if earlier_step:
+        pipe.new_step()
+    pipe._bound_d2h()
+    assert waits == (first[:1] if earlier_step else []), waits
+    assert len(pipe._d2h_inflight) == (2 if earlier_step else 3)

@@ -32,7 +32,11 @@ from .staging import StagingPool
 log = logging.getLogger("vllm.adp_kv.save")
 
 PageRef = tuple[int, int, bytes]  # (group id, block id, page key)
-D2H_INFLIGHT_BYTES = 1 << 30  # GPU memory of gathered save pages waiting for their device -> host copy
+# GPU memory of earlier steps' gathered save pages waiting for their device -> host copy. The current step's copies
+# are never waited for: they start only once its forward has run, so a wait for them held the engine thread until
+# the GPU finished the step and vLLM's asynchronous scheduling lost its overlap (GPU run 26: 9.1 s of the engine
+# thread's 36.7 s at 8 agents in wait_for_save, on that wait). A step's own gathers are bounded by what it computed.
+D2H_INFLIGHT_BYTES = 1 << 30
 # A step's pages of one group are gathered on the GPU at once, up to this much, then copied out slab by slab.
 # Gathering slab by slab launched 2-3 kernels per layer per 64 MiB: thousands per long prefill step, which filled
 # CUDA's launch queue, so the engine thread blocked in wait_for_save until the step's forward had drained
@@ -113,12 +117,16 @@ class SavePipeline:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # staged slabs -> the submitter thread
         self._submitter: threading.Thread | None = None
         self._d2h_stream: Any = None
-        self._d2h_inflight: deque[tuple[Any, int]] = deque()  # (copy event, bytes) of save copies queued
-        self._d2h_inflight_bytes = 0
+        self._d2h_inflight: deque[tuple[Any, int, int]] = deque()  # (copy event, bytes, step) of copies queued
+        self._step = 0  # the engine step whose saves are being staged (:meth:`new_step`)
         self._lock = threading.Lock()
         self._failed_keys: list[bytes] = []
         self._origin: dict[bytes, bytes] = {}  # this rank's key -> the scheduler's, while saving
         self.ledger = SaveLedger()
+
+    def new_step(self) -> None:
+        """The engine's next step begins saving: copies queued so far belong to earlier steps."""
+        self._step += 1
 
     def save(self, store: Store, gid: int, refs: list[PageRef], origin: dict[bytes, bytes]) -> None:
         """Save ``refs`` (one group) in slab-sized batches; ``origin`` maps keys to the name failures report."""
@@ -231,15 +239,16 @@ class SavePipeline:
             return sum(len(w.refs) for w in self._waiting)
 
     def _bound_d2h(self) -> None:
-        """Wait while more than D2H_INFLIGHT_BYTES of gathered pages wait for their device -> host copy (saves
-        outrunning PCIe)."""
+        """Wait while more than D2H_INFLIGHT_BYTES of earlier steps' gathered pages wait for their device -> host
+        copy (saves outrunning PCIe); this step's copies are not waited for."""
         while True:
             with self._lock:
                 while self._d2h_inflight and self._d2h_inflight[0][0].query():
-                    self._d2h_inflight_bytes -= self._d2h_inflight.popleft()[1]
-                if not self._d2h_inflight or self._d2h_inflight_bytes <= D2H_INFLIGHT_BYTES:
+                    self._d2h_inflight.popleft()
+                earlier = sum(n for _, n, step in self._d2h_inflight if step < self._step)
+                if earlier <= D2H_INFLIGHT_BYTES:
                     break
-                oldest = self._d2h_inflight[0][0]
+                oldest = self._d2h_inflight[0][0]  # queued in step order: an earlier step's
             oldest.synchronize()
 
     def _stage(self, gid: int, block_ids: list[int], out: torch.Tensor, gathered: torch.Tensor | None = None,
@@ -271,8 +280,7 @@ class SavePipeline:
             copied = torch.cuda.Event(blocking=True)  # the submitter thread sleeps on it instead of spinning
             copied.record(side)
         with self._lock:
-            self._d2h_inflight.append((copied, out.numel()))
-            self._d2h_inflight_bytes += out.numel()
+            self._d2h_inflight.append((copied, out.numel(), self._step))
         return copied
 
     def _submit_loop(self) -> None:

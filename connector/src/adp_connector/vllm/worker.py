@@ -214,6 +214,7 @@ class WorkerSide:
         that wait for staging)."""
         if not meta.saves or self.disabled or self.saves is None:
             return
+        self.saves.new_step()
         store = self.link.store
         by_group: dict[int, list[PageRef]] = defaultdict(list)
         origin: dict[bytes, bytes] = {}  # this rank's key -> the scheduler's
