@@ -500,6 +500,9 @@ def test_save_rates_compare_what_was_asked_of_the_card_with_what_it_wrote():
     line = save_line({"saves": save_rates(full, 2.0), "counters": full})
     assert line.endswith("dropped 0.0%, 120 pages not admitted")
     assert "not admitted" not in save_line({"saves": kept, "counters": {"adp_kv_saves_not_admitted": 0.0}})
+    full |= {"adp_kv_card_evictions": 40.0, "adp_kv_card_evictions_outlived": 25.0}
+    line = save_line({"saves": save_rates(full, 2.0), "counters": full})
+    assert line.endswith("120 pages not admitted, 40 evicted (25 outlived)")
 
 
 def test_hook_time_is_reported_per_request_largest_first():

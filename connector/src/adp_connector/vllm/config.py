@@ -128,8 +128,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "admission": ((str,), "whether a new page may evict one when the card is full: frequency: only if it was asked "
                   "for (saved or read back) more often than the page it would evict, so a working set larger than "
                   "the card keeps a stable part on it instead of evicting what is read next (declined pages: "
-                  "saves_not_admitted); a page untouched past twice the reuse seen lately goes whatever its "
-                  "count; always: every new page evicts the next victim"),
+                  "saves_not_admitted); a page untouched past twice the reuse seen lately, or past twice its own "
+                  "reuse cycle and a card of asks, goes whatever its count; always: every new page evicts the "
+                  "next victim"),
     "store_drafter_kv": ((bool,), "speculative decoding (MTP/EAGLE heads in the target's KV-cache group): store the "
                          "drafter layers' KV in the pages, so a restore keeps the acceptance rate (a hit then ends "
                          "where the next stored page begins); false: pages without them, shared by engines with "

@@ -39,6 +39,7 @@ COUNTERS = (
     "store_unavailable", "saves_deduped", "async_loads_skipped", "lookups_reused",
     "restores_declined", "saves_waited", "saves_not_admitted",
     "read_ahead_pages", "read_ahead_used_pages", "read_ahead_unused_pages", "read_ahead_expired_pages",
+    "card_evictions", "card_evictions_outlived",
 )
 
 
@@ -114,7 +115,7 @@ class ADPPromMetrics(KVConnectorPromMetrics):
                  "pages_saved", "bytes_saved", "save_s", "saves_dropped", "save_errors", "lookup_hit_tokens",
                  "store_unavailable", "restores_declined", "saves_deduped", "async_loads_skipped", "saves_waited",
                  "saves_not_admitted", "read_ahead_pages", "read_ahead_used_pages", "read_ahead_unused_pages",
-                 "read_ahead_expired_pages")
+                 "read_ahead_expired_pages", "card_evictions", "card_evictions_outlived")
 
     def __init__(self, vllm_config: Any, metric_types: dict, labelnames: list[str],
                  per_engine_labelvalues: dict[int, list[object]]) -> None:

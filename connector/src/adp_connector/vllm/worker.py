@@ -30,6 +30,7 @@ from ..pipeline import (
 from ..pipeline.save import DROP_COUNTER_PREFIX
 from ..store.process import SharedArena
 from .backend import StoreLink
+from .card_stats import CardStatsWatch
 from .compat import KVConnectorTransferResults, state_page_view
 from .config import ADPConfig
 from .layouts import GroupLayout
@@ -69,6 +70,7 @@ class WorkerSide:
         self.pool: StagingPool | None = None  # created with the KV caches (pinned when they are on a GPU)
         self.restores: RestorePipeline | None = None
         self.saves: SavePipeline | None = None
+        self.card_stats: CardStatsWatch | None = None  # the writers' eviction counters, read in a thread
         self.disabled = ""
         self._unstarted: list[LoadJob] = []  # restores failed before any pipeline existed (cache disabled)
         self._lock = threading.Lock()
@@ -139,6 +141,8 @@ class WorkerSide:
         ahead_mb = self.cfg.read_ahead_mb if self.cfg.read_ahead_mb is not None else self.cfg.staging_mb * 3 // 4
         self.restores.ahead_max_bytes = ahead_mb << 20
         restores = self.restores
+        self.card_stats = CardStatsWatch(lambda: self.link.store, self.counters)
+        self.card_stats.start()
         self.saves.yield_staging = lambda: restores.wants_staging  # a restore's wait costs a request's TTFT
         if devs and devs[0].type == "cuda":  # landed batches move as they land, not at the engine's next step
             apply_switch_interval(self.cfg.switch_interval_ms)
@@ -253,6 +257,8 @@ class WorkerSide:
             self.restores.stop_driver()
         if self.saves is not None:
             self.saves.close(30.0)
+        if self.card_stats is not None:
+            self.card_stats.close()
 
 
 SAVE_SPILL_MAX_MB = 24576  # the derived save_spill_mb: at most this, and half of the GPU memory left free

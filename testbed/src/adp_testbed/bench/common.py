@@ -351,9 +351,12 @@ def save_line(pt: dict[str, Any]) -> str:
     dropped = SV.by_label(cnt, "vllm:adp_kv_saves_dropped_by_cause")
     causes = ", ".join(f"{c} {v:.0f}" for c, v in sorted(dropped.items()) if v)
     declined = cnt.get("adp_kv_saves_not_admitted", 0.0)  # a full card kept pages asked for as often (admission)
+    evicted = cnt.get("adp_kv_card_evictions", 0.0)
+    outlived = cnt.get("adp_kv_card_evictions_outlived", 0.0)
     return (f"  saves asked {sv['offered_gbps']:.2f} GB/s wrote {sv['written_gbps']:.2f} GB/s "
             f"dropped {sv['dropped_share']:.1%}" + (f" ({causes} pages)" if causes else "")
-            + (f", {declined:.0f} pages not admitted" if declined else ""))
+            + (f", {declined:.0f} pages not admitted" if declined else "")
+            + (f", {evicted:.0f} evicted ({outlived:.0f} outlived)" if evicted else ""))
 
 
 def hook_line(pt: dict[str, Any]) -> str:

@@ -45,6 +45,8 @@ COUNTERS = (
     "vllm:adp_kv_restore_phase_seconds",  # successful restores' time by phase (each: BY_LABEL; slab_wait overlaps io)
     "vllm:adp_kv_read_ahead_pages", "vllm:adp_kv_read_ahead_used_pages",  # pages read before their blocks existed,
     "vllm:adp_kv_read_ahead_unused_pages", "vllm:adp_kv_read_ahead_expired_pages",  # and what became of them
+    "vllm:adp_kv_card_evictions",  # pages saves evicted from a full card,
+    "vllm:adp_kv_card_evictions_outlived",  # of which untouched past their reuse (evicted whatever their counts)
 )
 # Counter families kept per value of one label as well (``<name>{<label>=<value>}``), besides their sum: why restores
 # failed and saves were dropped, the connector's time inside each vLLM hook, and where restores' time went.
