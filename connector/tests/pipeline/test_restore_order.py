@@ -236,6 +236,46 @@ def test_with_the_driver_the_callers_poll_launches_no_copy(driver: bool) -> None
     assert threads and set(threads) == {"adpkv-restore" if driver else threading.current_thread().name}, threads
 
 
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "control-no-driver"])
+def test_the_callers_poll_does_not_wait_while_the_driver_holds_the_pipeline(driver: bool) -> None:
+    """While the driver holds the pipeline the engine's poll returns at once, and a later poll finishes the restore.
+    The control: without the driver the poll waits for whoever holds it."""
+    import threading
+
+    kv, pipe, store = _setup(max_inflight=None)
+    if driver:
+        pipe.run_driver(lambda: store)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the driver's pass, as long as the test says
+        with pipe._lock:
+            held.set()
+            release.wait(5.0)
+
+    try:
+        pipe.start(_job("A", 0, 2, 0), store)
+        for b in store.batches:
+            b.land()
+        time.sleep(0.2)  # landed and copied into place (the driver, or nobody yet)
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(5.0)
+        threading.Timer(0.3, release.set).start()
+        t0 = time.monotonic()
+        first = pipe.poll(store)
+        waited = time.monotonic() - t0
+        holder.join()
+        done = first or pipe.poll(store)
+    finally:
+        release.set()
+        pipe.stop_driver()
+    if driver:
+        assert first == [] and waited < 0.2, waited
+    else:
+        assert waited >= 0.25, waited
+    assert [bool(j.failed) for j in done] == [False] and kv[:2, 0].tolist() == [0, 1]
+
+
 def test_without_the_driver_a_restore_waits_for_the_callers_polls() -> None:
     """Control: the same restore, polled by nobody, stays at its first two batches."""
     submitted, _kv, pipe = _restore_without_polls(driver=False)

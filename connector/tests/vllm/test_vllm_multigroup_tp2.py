@@ -82,6 +82,9 @@ class _Recorder:
     def __init__(self) -> None:
         self.saved: list[tuple[int, int, bytes]] = []
 
+    def new_step(self) -> None:
+        pass
+
     def save(self, store: Any, gid: int, refs: list[Any], origin: dict[bytes, bytes]) -> None:
         self.saved.extend(refs)
 
