@@ -231,6 +231,9 @@ def test_pages_a_full_card_declines_are_counted_apart_and_not_reported_as_failed
     pipe.close(30)
     assert counters["pages_saved"] == 1 and counters["saves_not_admitted"] == 2 and counters["save_errors"] == 1
     assert pipe.take_failed_keys() == [bytes([2]) * 32]
+    declined = pipe.take_declined_keys()  # for the scheduler to forget it asked (not to plan them again at once)
+    assert len(declined) == 2 and bytes([2]) * 32 not in declined and bytes([0]) * 32 not in declined
+    assert pipe.take_declined_keys() == []
     outcome = pipe.ledger.get(bytes([1]) * 32)
     assert outcome is not None and outcome[0].startswith("was not admitted")
     assert pipe.ledger.get(bytes([0]) * 32)[0] == "committed"  # control: an admitted page of the same batch

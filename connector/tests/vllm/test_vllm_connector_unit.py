@@ -1040,6 +1040,43 @@ def test_a_local_hit_is_neither_looked_up_nor_walked_for_saves(monkeypatch: pyte
         tgt.stop()
 
 
+@native_contract
+@pytest.mark.parametrize("reported", [True, False], ids=["declined-reported", "control-not-reported"])
+def test_a_page_the_card_declined_is_asked_for_again_by_the_next_request_computing_it(reported: bool) -> None:
+    """A full card declined a page: the worker reports it, and the next request that computes the block asks for it
+    again within the save memory's 10 s (which counts for its admission), while no local hit is walked again for it.
+    The control: unreported, the scheduler remembers it as asked and the recompute saves nothing."""
+    tgt, sched, worker = _target_and_halves(io_process=True, min_load_tokens=0)
+    try:
+        worker.register_kv_caches({n: torch.randn(16, 2, BS, 8).to(torch.bfloat16) for n in LAYERS})
+        hashes = [bytes([40 + i]) * 32 for i in range(2)]
+
+        def compute(rid: str, table: list[int]) -> Any:
+            r = _request(rid, hashes, 9)
+            assert sched.get_num_new_matched_tokens(r, 0) == (0, False)
+            sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (table,)), 0)
+            meta = sched.build_connector_meta(_sched_out(rid, 9, table))
+            sched.request_finished_all_groups(r, (table,))
+            return meta
+
+        first = compute("a", [1, 2, 3])
+        assert [b for _, b, _ in first.saves] == [1, 2]  # planned, not sent: the card "declines" block 2's page
+        declined = [k for _, b, k in first.saves if b == 2]
+        side = sched.scheduler_side
+        resave_until = side._resave_until
+        sched.update_connector_output(SimpleNamespace(
+            failed_recving=set(), finished_recving=set(),
+            kv_connector_worker_meta=SimpleNamespace(failed_saves=[], failed_loads=(), lost=(),
+                                                     declined=declined if reported else [])))
+        assert side._resave_until == resave_until  # no local hit walked again for it
+        again = compute("b", [4, 5, 6])
+        assert [b for _, b, _ in again.saves] == ([5] if reported else [])
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+
+
 @native_contract  # its cold save uses the >= 0.32 scheduler stand-ins; the policy itself is version-free
 def test_a_hit_the_card_serves_slower_than_a_recompute_is_recomputed() -> None:
     """restore_policy auto: once this engine measured a card slower than its prefill (here 1 MB/s against

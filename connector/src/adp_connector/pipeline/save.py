@@ -121,6 +121,7 @@ class SavePipeline:
         self._step = 0  # the engine step whose saves are being staged (:meth:`new_step`)
         self._lock = threading.Lock()
         self._failed_keys: list[bytes] = []
+        self._declined_keys: list[bytes] = []  # pages a full card did not admit (by the scheduler's key)
         self._origin: dict[bytes, bytes] = {}  # this rank's key -> the scheduler's, while saving
         self.ledger = SaveLedger()
 
@@ -146,6 +147,12 @@ class SavePipeline:
             for s0 in range(0, len(part), per):
                 self._save_chunk(store, gid, part[s0:s0 + per], pb, origin,
                                  None if gathered is None else gathered[s0:s0 + per])
+
+    def take_declined_keys(self) -> list[bytes]:
+        """Keys (the scheduler's) of pages a full card declined since the last call."""
+        with self._lock:
+            keys, self._declined_keys = self._declined_keys, []
+        return keys
 
     def take_failed_keys(self) -> list[bytes]:
         with self._lock:
@@ -344,10 +351,12 @@ class SavePipeline:
             self.counters.observe(save_seconds=took, save_bytes=nbytes_ok)
         with self._lock:
             # reported by the scheduler's (rank 0) key, which is what it schedules saves by. Declined pages are not
-            # failures: the scheduler keeps them as asked for until its save memory lapses, so the request that
-            # computes them next asks again (which counts for their admission), and no request re-walks its local
-            # blocks for them (GPU run 20: ~30 GB of such copies declined again)
+            # failures: no request re-walks its local blocks for them (GPU run 20: ~30 GB of such copies declined
+            # again); the scheduler only forgets it asked, so the next request that computes one asks again, which
+            # counts for its admission (GPU run 26: remembered for 10 s, about one round of 8 agents, a declined
+            # page was recomputed round after round without being asked for again)
             self._failed_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in bad)
+            self._declined_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in declined)
             for r in res:
                 self._origin.pop(bytes(r.key), None)
             self.pending_bytes -= nbytes

@@ -28,17 +28,20 @@ class ADPMetadata(KVConnectorMetadata):
 
 class ADPWorkerMetadata(KVConnectorWorkerMetadata):
     """Worker -> scheduler, per step: keys whose save failed (saved again later), requests whose restore failed
-    (vLLM 0.26 has no ``failed_recving``: the scheduler side learns of them here) and keys the card no longer
+    (vLLM 0.26 has no ``failed_recving``: the scheduler side learns of them here), keys the card no longer
     serves though the scheduler's index may still list them (evicted, or missing at a restore): not offered
-    again until the index has caught up, and saved again."""
+    again until the index has caught up, and saved again; and keys a full card declined: asked for again by the next
+    request that computes them."""
 
     def __init__(self, failed_saves: list[bytes], failed_loads: list[str] | None = None,
-                 lost: list[bytes] | None = None) -> None:
+                 lost: list[bytes] | None = None, declined: list[bytes] | None = None) -> None:
         self.failed_saves = failed_saves
         self.failed_loads = failed_loads or []
         self.lost = lost or []
+        self.declined = declined or []
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         return ADPWorkerMetadata(self.failed_saves + list(getattr(other, "failed_saves", ())),
                                  self.failed_loads + list(getattr(other, "failed_loads", ())),
-                                 self.lost + list(getattr(other, "lost", ())))
+                                 self.lost + list(getattr(other, "lost", ())),
+                                 self.declined + list(getattr(other, "declined", ())))

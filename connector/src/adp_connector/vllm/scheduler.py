@@ -432,6 +432,8 @@ class SchedulerSide:
             self._recent_saves.pop(k, None)
         if failed_saves:  # a request admitted with a local hit over those blocks saves them again
             self._resave_until = time.monotonic() + RECENT_SAVE_TTL_S
+        for k in getattr(wm, "declined", ()):  # asked for again by the next request that computes it (counts for
+            self._recent_saves.pop(k, None)  # its admission); no local hit is walked again for it
         lost = getattr(wm, "lost", ())
         if lost:
             self._lost_gen += 1

@@ -241,15 +241,17 @@ class WorkerSide:
     def build_worker_meta(self) -> ADPWorkerMetadata | None:
         """Keys whose save failed since the last step (device full, target gone...): saved again later; keys the
         card no longer has: those restores missed, and (rank 0, whose keys are the scheduler's) the pages this
-        worker's saves evicted, which the scheduler's index lists until its next refresh."""
+        worker's saves evicted, which the scheduler's index lists until its next refresh; and the keys a full card
+        declined (the scheduler asks for them again when a request computes them next)."""
         keys = self.saves.take_failed_keys() if self.saves is not None else []
+        declined = self.saves.take_declined_keys() if self.saves is not None else []
         store = self.link.store
         evicted = store.take_evicted() if store is not None and self.tp_rank == 0 else []
         with self._lock:
             reqs, self._failed_load_reqs = self._failed_load_reqs, []
             lost, self._lost = self._lost, []
         lost.extend(evicted)
-        return ADPWorkerMetadata(keys, reqs, lost) if keys or reqs or lost else None
+        return ADPWorkerMetadata(keys, reqs, lost, declined) if keys or reqs or lost or declined else None
 
     def close(self) -> None:
         """Let in-flight saves finish (bounded); stop the restore driver."""
