@@ -353,8 +353,9 @@ class SavePipeline:
             # reported by the scheduler's (rank 0) key, which is what it schedules saves by. Declined pages are not
             # failures: no request re-walks its local blocks for them (GPU run 20: ~30 GB of such copies declined
             # again); the scheduler only forgets it asked, so the next request that computes one asks again, which
-            # counts for its admission (GPU run 26: remembered for 10 s, about one round of 8 agents, a declined
-            # page was recomputed round after round without being asked for again)
+            # counts for its admission (remembered for 10 s, about one round of 8 agents, a declined page could be
+            # recomputed in the next round without being asked for again: a likely reason, not a measured one, why
+            # GPU run 26 still declined pages after the first round)
             self._failed_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in bad)
             self._declined_keys.extend(self._origin.get(bytes(r.key), bytes(r.key)) for r in declined)
             for r in res:
