@@ -236,43 +236,89 @@ def test_with_the_driver_the_callers_poll_launches_no_copy(driver: bool) -> None
     assert threads and set(threads) == {"adpkv-restore" if driver else threading.current_thread().name}, threads
 
 
-@pytest.mark.parametrize("driver", [True, False], ids=["driver", "control-no-driver"])
-def test_the_callers_poll_does_not_wait_while_the_driver_holds_the_pipeline(driver: bool) -> None:
-    """While the driver holds the pipeline the engine's poll returns at once, and a later poll finishes the restore.
-    The control: without the driver the poll waits for whoever holds it."""
+def _poll_while_held(pipe: RestorePipeline, store: _Store, hold_s: float) -> tuple[list[LoadJob], float]:
+    """Poll while another thread holds the pipeline (as a driver's pass does) for ``hold_s``: what the poll returned
+    and how long it took."""
     import threading
 
-    kv, pipe, store = _setup(max_inflight=None)
-    if driver:
-        pipe.run_driver(lambda: store)
     held, release = threading.Event(), threading.Event()
 
-    def hold() -> None:  # the driver's pass, as long as the test says
+    def hold() -> None:
         with pipe._lock:
             held.set()
             release.wait(5.0)
 
+    holder = threading.Thread(target=hold)
+    holder.start()
     try:
-        pipe.start(_job("A", 0, 2, 0), store)
-        for b in store.batches:
-            b.land()
-        time.sleep(0.2)  # landed and copied into place (the driver, or nobody yet)
-        holder = threading.Thread(target=hold)
-        holder.start()
         held.wait(5.0)
-        threading.Timer(0.3, release.set).start()
+        threading.Timer(hold_s, release.set).start()
         t0 = time.monotonic()
-        first = pipe.poll(store)
-        waited = time.monotonic() - t0
-        holder.join()
-        done = first or pipe.poll(store)
+        got = pipe.poll(store)
+        return got, time.monotonic() - t0
     finally:
         release.set()
+        holder.join()
+
+
+def _poll_until_done(pipe: RestorePipeline, store: _Store, first: list[LoadJob]) -> list[LoadJob]:
+    done, deadline = first, time.monotonic() + 5.0
+    while not done and time.monotonic() < deadline:
+        done = pipe.poll(store)
+        time.sleep(0.001)
+    return done
+
+
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "control-no-driver"])
+def test_the_callers_poll_does_not_wait_while_the_driver_holds_the_pipeline(driver: bool) -> None:
+    """While the driver holds the pipeline and no restore is finished the engine's poll returns at once, and a later
+    poll finishes the restore once it landed. The control: without the driver the poll waits for whoever holds it."""
+    kv, pipe, store = _setup(max_inflight=None)
+    if driver:
+        pipe.run_driver(lambda: store)
+    try:
+        pipe.start(_job("A", 0, 2, 0), store)
+        first, waited = _poll_while_held(pipe, store, 0.3)
+        for b in store.batches:
+            b.land()
+        done = _poll_until_done(pipe, store, first)
+    finally:
         pipe.stop_driver()
     if driver:
         assert first == [] and waited < 0.2, waited
     else:
         assert waited >= 0.25, waited
+    assert [bool(j.failed) for j in done] == [False] and kv[:2, 0].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["finished", "control-flag-never-set"])
+def test_a_poll_waits_for_the_drivers_pass_when_a_restore_is_finished(flag: bool,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the driver's pass left a restore in place, a poll that finds the driver holding the pipeline waits for
+    that pass and returns the restore, rather than leaving it to the engine's next step. The control: with the
+    driver's flag never set the same poll returns nothing at once."""
+    if not flag:
+        monkeypatch.setattr(RestorePipeline, "_finishable", property(lambda self: False, lambda self, v: None),
+                            raising=False)
+    kv, pipe, store = _setup(max_inflight=None)
+    pipe.run_driver(lambda: store)
+    try:
+        pipe.start(_job("A", 0, 2, 0), store)
+        for b in store.batches:
+            b.land()
+        deadline = time.monotonic() + 5.0  # the driver copies the landed batches into place
+        while not bool((kv[:2, 0] == torch.tensor([0, 1], dtype=torch.int8)).all()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        while flag and not pipe._finishable and time.monotonic() < deadline:
+            time.sleep(0.005)
+        first, waited = _poll_while_held(pipe, store, 0.3)
+        done = _poll_until_done(pipe, store, first)
+    finally:
+        pipe.stop_driver()
+    if flag:
+        assert [j.req_id for j in first] == ["A"] and waited >= 0.25, (first, waited)
+    else:
+        assert first == [] and waited < 0.2, waited
     assert [bool(j.failed) for j in done] == [False] and kv[:2, 0].tolist() == [0, 1]
 
 

@@ -126,6 +126,11 @@ class LoadJob:
             self.failed = f"{cause.value}: {detail}"
 
 
+def _in_place(job: LoadJob) -> bool:
+    """Whether every batch of ``job`` landed and its copy into the KV cache ran."""
+    return all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
+
+
 class RestorePipeline:
     """Jobs in flight; :meth:`poll` advances them and returns the finished ones (``job.failed`` '' on success)."""
 
@@ -148,6 +153,9 @@ class RestorePipeline:
         self._wake = threading.Event()  # set when a batch lands
         self.wants_staging = False  # a batch waits for a free slab (its last feed found none)
         self._driver: threading.Thread | None = None
+        # the driver's last pass left a restore in place or failed: a poll that finds the driver holding the pipeline
+        # waits for that pass instead of leaving the restore to the engine's next step (read without the lock)
+        self._finishable = False
         self._stopping = False
         self.ahead_max_bytes = 0  # staging that read-aheads may hold (0: read_ahead is a no-op)
         self.ahead_ttl_s = max(timeout_s, 1.0)  # a read-ahead whose restore has not started by then is dropped
@@ -360,10 +368,12 @@ class RestorePipeline:
     def poll(self, store: Store | None) -> list[LoadJob]:
         """Copy landed chunks into the KV cache and feed free slabs (unless the driver thread does), return (and
         release) the finished jobs. While the driver holds the pipeline (moving batches) the poll does not wait for
-        it: the jobs it would finish are finished by the next poll (GPU run 26: the engine thread waited 1.8 s of an
-        8-agent point here)."""
+        it (GPU run 26: the engine thread waited 1.8 s of an 8-agent point here) unless the driver's last pass left a
+        restore finished: then it waits for that pass, so the restore is not left to the engine's next step."""
         if not self._lock.acquire(blocking=self._driver is None):
-            return []
+            if not self._finishable:
+                return []
+            self._lock.acquire()  # one of the driver's passes, not an engine step: the restore is done
         try:
             now = _now()
             if self._driver is None:
@@ -399,6 +409,7 @@ class RestorePipeline:
                 self.release(job)
         if store is not None:
             self._feed(store)
+        self._finishable = any(not job.ahead and (job.failed or _in_place(job)) for job in self.jobs)
 
     def _finish(self, now: float) -> list[LoadJob]:
         """Finish the jobs whose pages are all in place (or that failed or timed out); return them."""
@@ -408,8 +419,7 @@ class RestorePipeline:
             if job.ahead:
                 keep.append(job)
                 continue
-            in_place = all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
-            if not job.failed and not in_place:
+            if not job.failed and not _in_place(job):
                 # Timeouts measure a lack of progress, not the length of the queue: a batch in flight must land
                 # within timeout_s of the job's last progress (a batch of it given a slab or landed, else its
                 # start), and a job waiting for slabs behind older restores waits while batches land somewhere.
@@ -445,6 +455,7 @@ class RestorePipeline:
                 self.counters.add(**{PHASE_COUNTER_PREFIX + k: v for k, v in phases.items()})
             done.append(job)
         self.jobs = keep
+        self._finishable = False  # what is left was not in place just now; the driver's next pass tells
         return done
 
     def release(self, job: LoadJob) -> None:
