@@ -111,6 +111,31 @@ def test_cpu_offload_arm_is_vllms_offloading_connector() -> None:
         assert scenario_preset(name, "agents")[2]["offload_cpu_bytes"] > 0
 
 
+def test_cpu_offload_arm_takes_vllms_own_tier_options() -> None:
+    """--offload-opt reaches the OffloadingConnector's extra config (the tier's size stays --offload-bytes)."""
+    kv = serve.offload_config(8 << 30, {"eviction_policy": "arc", "store_threshold": 2})
+    assert kv["kv_connector_extra_config"] == {"eviction_policy": "arc", "store_threshold": 2,
+                                               "cpu_bytes_to_use": 8 << 30}
+    ap = build_parser()
+    a = ap.parse_args(["bench", "agents", "--arms", "cpu-offload", "--offload-opt", "eviction_policy=arc",
+                       "--offload-opt", "store_threshold=2"])
+    assert a.offload_opt == [("eviction_policy", "arc"), ("store_threshold", 2)]
+    serve.check_offload_options(dict(a.offload_opt))
+    serve.check_offload_options({})  # vLLM's defaults
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--arms", "cpu-offload", "--offload-opt", "eviction_policy=fifo"], r"--offload-opt: eviction_policy must be"),
+    (["--arms", "cpu-offload", "--offload-opt", "cpu_bytes_to_use=1"], r"--offload-opt: .*give --offload-bytes"),
+    (["--arms", "cpu-offload", "--offload-opt", "store_threshold=-1"], r"--offload-opt: store_threshold must be"),
+    (["--arms", "adp", "--offload-opt", "eviction_policy=arc"], r"--offload-opt is for the cpu-offload arm"),
+])
+def test_a_bad_offload_option_stops_the_bench_before_any_arm(argv: list[str], message: str) -> None:
+    a = build_parser().parse_args(["bench", "agents", "--model", "x", *argv])
+    with pytest.raises(SystemExit, match=message):
+        a.func(a)
+
+
 def test_root_cause_of_a_failed_start(tmp_path: Path) -> None:
     log = tmp_path / "e.log"
     log.write_text("INFO start\n(EngineCore) ERROR   File x\n(EngineCore) ERROR ValueError: To serve at least one "

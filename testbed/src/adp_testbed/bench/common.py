@@ -61,6 +61,10 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connector-opt", action="append", default=[], metavar="KEY=VALUE", type=connector_opt,
                    help="ADPConnector option for the adp arm (repeatable, e.g. --connector-opt load_processes=4; "
                         "names: docs/connector.md)")
+    p.add_argument("--offload-opt", action="append", default=[], metavar="KEY=VALUE", type=connector_opt,
+                   help="vLLM OffloadingConnector option for the cpu-offload arm (repeatable, e.g. --offload-opt "
+                        f"eviction_policy=arc; policies: {', '.join(SV.OFFLOAD_POLICIES)}; the tier's size is "
+                        "--offload-bytes)")
     p.add_argument("--kv-cache-bytes", type=parse_size, help="device KV cache memory per engine (e.g. 16M, 24G)")
     p.add_argument("--max-model-len", type=O.int_in(16, 1 << 24))
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
@@ -149,6 +153,13 @@ class Run:
             parse_config(dict(args.connector_opt))
         except ConfigError as e:
             raise O.UsageError(f"testbed bench {scenario}: --connector-opt: {e}") from None
+        if args.offload_opt and "cpu-offload" not in self.arms:
+            raise O.UsageError(f"testbed bench {scenario}: --offload-opt is for the cpu-offload arm, which --arms "
+                               f"does not run")
+        try:
+            SV.check_offload_options(dict(args.offload_opt))
+        except ValueError as e:
+            raise O.UsageError(f"testbed bench {scenario}: --offload-opt: {e}") from None
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = Path(args.out or f"bench-results/{scenario}-{stamp}")
         self.out.mkdir(parents=True, exist_ok=True)
@@ -209,7 +220,9 @@ class Run:
             return
         if arm == "cpu-offload":
             n = self.args.offload_bytes or self.settings["offload_cpu_bytes"]
-            yield SV.offload_config(n), f"vLLM OffloadingConnector, CPU tier of {n} bytes"
+            opts = dict(self.args.offload_opt)
+            given = "".join(f", {k}={v}" for k, v in opts.items())
+            yield SV.offload_config(n, opts), f"vLLM OffloadingConnector, CPU tier of {n} bytes{given}"
             return
         opts = dict(self.args.connector_opt)
         if self.args.target:
@@ -279,6 +292,7 @@ class Run:
         doc = {"schema": SCHEMA_VERSION, "scenario": self.scenario, "complete": False, "preset": self.args.preset,
                "run_id": self.run_id, "params": self.params, "engine": {**self.engine, "model": self.model},
                "environment": self._host, "connector_options": dict(self.args.connector_opt),
+               "offload_options": dict(self.args.offload_opt),
                "points": self._finished_points, "wall_s": round(time.monotonic() - self.t0, 1)}
         tmp = self.out / "results.partial.json.tmp"
         try:  # best effort: a checkpoint that cannot be written must not cost the run
@@ -298,7 +312,7 @@ class Run:
                             "target": "external" if self.args.target else "local emulator",
                             "target_workers": self.args.target_workers,
                             "target_mdts": None if self.args.target else self.args.target_mdts},
-            "connector_options": dict(self.args.connector_opt),
+            "connector_options": dict(self.args.connector_opt), "offload_options": dict(self.args.offload_opt),
             "profiled_arms": self.profile,
             "profiled_lock_holder_only": bool(self.args.profile_gil),
             "profiled_idle_threads": bool(self.args.profile_idle),

@@ -70,11 +70,31 @@ def connector_config(traddr: str, trsvcid: int, subnqn: str | None, **extra: Any
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": opts}
 
 
-def offload_config(cpu_bytes: int) -> dict[str, Any]:
+# The cpu-offload arm's own options that are checked before any arm runs (vLLM 0.26 and 0.32 read them in
+# ``v1/kv_offload/cpu/spec.py``; their built-in policies are in ``cpu/manager.py`` and ``cpu/policies/``); other keys go
+# to vLLM as given. The tier's size is ``--offload-bytes``, never an option.
+OFFLOAD_POLICIES = ("lru", "arc")
+
+
+def check_offload_options(opts: dict[str, Any]) -> None:
+    """Refuse what vLLM would refuse only once the cpu-offload arm's engine starts (ValueError, one line)."""
+    if "cpu_bytes_to_use" in opts:
+        raise ValueError("cpu_bytes_to_use is the CPU tier's size: give --offload-bytes")
+    policy = opts.get("eviction_policy", "lru")
+    if policy not in OFFLOAD_POLICIES:
+        raise ValueError(f"eviction_policy must be one of {', '.join(OFFLOAD_POLICIES)} (vLLM's CPU tier), "
+                         f"got {policy!r}")
+    threshold = opts.get("store_threshold", 0)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise ValueError(f"store_threshold must be a whole number >= 0, got {threshold!r}")
+
+
+def offload_config(cpu_bytes: int, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``cpu-offload`` arm: vLLM's own OffloadingConnector with a CPU tier of ``cpu_bytes`` (what a user would
-    pick instead of a card; option name from vLLM's ``v1/kv_offload/cpu/spec.py``)."""
+    pick instead of a card; option name from vLLM's ``v1/kv_offload/cpu/spec.py``) and its other ``options`` (e.g.
+    ``eviction_policy``: a fair comparison gives the tier the policy that suits the workload)."""
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"cpu_bytes_to_use": int(cpu_bytes)}}
+            "kv_connector_extra_config": {**(options or {}), "cpu_bytes_to_use": int(cpu_bytes)}}
 
 
 def repo_root() -> Path:
