@@ -127,8 +127,9 @@ class LoadJob:
 
 
 def _in_place(job: LoadJob) -> bool:
-    """Whether every batch of ``job`` landed and its copy into the KV cache ran."""
-    return all(ch.applied and (ch.copied is None or ch.copied.query()) for ch in job.chunks)
+    """Whether every batch of ``job`` landed and its copy into the KV cache ran (a batch's slab goes back only once
+    its copy ran, so a batch without one asks its copy's event nothing: the driver asks this every pass)."""
+    return all(ch.applied and (ch.buf is None or ch.copied is None or ch.copied.query()) for ch in job.chunks)
 
 
 class RestorePipeline:
