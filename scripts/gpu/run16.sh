@@ -24,7 +24,7 @@
 #   i  the same point under py-spy --idle (where the engine thread waits inside the connector's hooks)
 #   j  adp at 8 agents under py-spy --idle (where wait_for_save and the restores' phases spend their time)
 #   z  adp at 8 agents with read_ahead_mb=0 (b's adp arm without the read-ahead: what it is worth, same machine)
-#   t  8 agents with 72k-token histories (~81 GB of KV) over equal 64 GiB budgets, three arms; T the same, cpu-offload
+#   t  16 agents (40k-token histories, ~97 GB of KV) over equal 64 GiB budgets, three arms; T the same, cpu-offload
 #      alone with vLLM's ARC policy (eviction_policy=arc)
 #   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
 #      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
@@ -145,15 +145,14 @@ triton.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.ve
 gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dense+corrupt" $v families $R/a/families
        wait ;;
     m) FAMILIES="mtp" $v families $R/m ;;
-    # issue 14: 8 agents whose histories outgrow the equal budgets: 72k-token histories, 3 turns (~10.1 GB of KV an
-    # agent at the end, ~81 GB for 8, over the 64 GiB (68.7 GB) card and CPU tier; the 24 GiB GPU cache holds ~2.5).
-    # Three arms (~12 min on a warm machine, an estimate: the no-connector arm prefills ~72k tokens a turn per agent)
-    t) BENCH_ARGS="--agents 8 --history-len 72000 --turns 3 --max-model-len 81920 --arms baseline,cpu-offload,adp \
---target-workers 8 --card-bytes 64G --offload-bytes 64G" $v agents $R/t ;;
-    # the same with vLLM's ARC policy for the CPU tier, the one that suits a cyclic working set over its size (t's
-    # cpu-offload arm runs vLLM's default, LRU)
-    T) BENCH_ARGS="--agents 8 --history-len 72000 --turns 3 --max-model-len 81920 --arms cpu-offload \
---offload-bytes 64G --offload-opt eviction_policy=arc" $v agents $R/T ;;
+    # issue 14: the equal-budget gate's 16-agent point (40k-token histories, 4 turns: ~97 GB of KV over the 64 GiB
+    # card and CPU tier). Runs 7 and 8 ran it before the card had frequency admission: both tiers thrashed (cpu-offload
+    # restored nothing, adp 1.03-1.06x). Three arms, ~11 min on a warm machine (an estimate from those runs)
+    t) BENCH_ARGS="--agents 16 --turns 4 --arms baseline,cpu-offload,adp --target-workers 8 --card-bytes 64G \
+--offload-bytes 64G" $v agents $R/t ;;
+    # the same, cpu-offload alone with vLLM's ARC policy (t's runs vLLM's default, LRU), ~4 min
+    T) BENCH_ARGS="--agents 16 --turns 4 --arms cpu-offload --offload-bytes 64G --offload-opt eviction_policy=arc" \
+         $v agents $R/T ;;
     *) echo "run16: unknown step $1" >&2; return 2 ;;
   esac
   (cd $R && tar czf /root/part-$tag$1.tgz host.txt "$1")
