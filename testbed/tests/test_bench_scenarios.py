@@ -122,6 +122,35 @@ def test_cpu_offload_arm_takes_vllms_own_tier_options() -> None:
     assert a.offload_opt == [("eviction_policy", "arc"), ("store_threshold", 2)]
     serve.check_offload_options(dict(a.offload_opt))
     serve.check_offload_options({})  # vLLM's defaults
+    serve.check_offload_options({"eviction_policy": "mine", "cache_policy_module_path": "my.policies"})  # 0.32's
+
+
+# vLLM's own registry of CPU-tier policies: 0.26 keeps a dict in cpu/manager.py, 0.32 a factory in cpu/policies
+_VLLM_POLICIES = """
+import json, sys
+try:
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+    names = list(CachePolicyFactory._registry)
+except ImportError:
+    from vllm.v1.kv_offload.cpu.manager import _CACHE_POLICIES
+    names = list(_CACHE_POLICIES)
+print(json.dumps(names))
+"""
+
+
+@pytest.mark.parametrize("venv", [".venv-vllm", ".venv-vllm026"])
+def test_the_offload_policies_the_bench_accepts_are_vllms(venv: str) -> None:
+    """Each policy --offload-opt accepts is one the installed vLLM's CPU tier has built in (the names are read from
+    vLLM itself, so a vLLM that drops or renames one fails here rather than at an arm's engine start)."""
+    py = serve.repo_root() / venv / "bin" / "python"
+    if not py.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{venv} is missing (scripts/bootstrap installs it)")
+        pytest.skip(f"no {venv}")
+    out = subprocess.run([str(py), "-c", _VLLM_POLICIES], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(serve.OFFLOAD_POLICIES) <= set(names), (serve.OFFLOAD_POLICIES, names)
 
 
 @pytest.mark.parametrize("argv, message", [

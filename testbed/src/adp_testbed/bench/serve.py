@@ -71,8 +71,9 @@ def connector_config(traddr: str, trsvcid: int, subnqn: str | None, **extra: Any
 
 
 # The cpu-offload arm's own options that are checked before any arm runs (vLLM 0.26 and 0.32 read them in
-# ``v1/kv_offload/cpu/spec.py``; their built-in policies are in ``cpu/manager.py`` and ``cpu/policies/``); other keys go
-# to vLLM as given. The tier's size is ``--offload-bytes``, never an option.
+# ``v1/kv_offload/cpu/spec.py``; their built-in policies are in ``cpu/manager.py`` and ``cpu/policies/``, and 0.32 also
+# loads one out of tree from ``cache_policy_module_path``); other keys go to vLLM as given. The tier's size is
+# ``--offload-bytes``, never an option.
 OFFLOAD_POLICIES = ("lru", "arc")
 
 
@@ -81,9 +82,9 @@ def check_offload_options(opts: dict[str, Any]) -> None:
     if "cpu_bytes_to_use" in opts:
         raise ValueError("cpu_bytes_to_use is the CPU tier's size: give --offload-bytes")
     policy = opts.get("eviction_policy", "lru")
-    if policy not in OFFLOAD_POLICIES:
-        raise ValueError(f"eviction_policy must be one of {', '.join(OFFLOAD_POLICIES)} (vLLM's CPU tier), "
-                         f"got {policy!r}")
+    if policy not in OFFLOAD_POLICIES and not opts.get("cache_policy_module_path"):
+        raise ValueError(f"eviction_policy must be one of {', '.join(OFFLOAD_POLICIES)} (vLLM's CPU tier), or "
+                         f"name cache_policy_module_path too (vLLM >= 0.32), got {policy!r}")
     threshold = opts.get("store_threshold", 0)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
         raise ValueError(f"store_threshold must be a whole number >= 0, got {threshold!r}")
