@@ -88,6 +88,51 @@ def test_buffers_outside_the_arena_still_work(target, arena) -> None:
         sp.close()
 
 
+def test_a_synchronous_call_is_answered_without_the_reader_thread(target, arena) -> None:
+    """contains, stats and the other calls come back on their own socket pair, read by the calling thread: they are
+    answered while the proxy's reader thread cannot hand out answers. The control: a load batch sent just before,
+    whose answer that thread hands out, stays unfinished until it can."""
+    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg(), arena)
+    view = memoryview(arena.map)
+    try:
+        keys = [bytes([i]) * 32 for i in range(2)]
+        view[:2 * PAGE] = b"".join(_page(i) for i in range(2))
+        h = sp.save_batch(keys, [view[:PAGE], view[PAGE:2 * PAGE]])
+        assert [r.status for r in h.wait(20)] == [PageStatus.OK] * 2
+        load = sp.load_batch(keys, [view[4 * PAGE:5 * PAGE], view[5 * PAGE:6 * PAGE]])
+        got: dict[str, object] = {}
+        with sp._lock:  # the reader thread takes it for every answer it hands out
+            th = threading.Thread(target=lambda: got.update(found=sp.contains([*keys, b"x" * 32]),
+                                                            saved=sp.stats()["pages_saved"]))
+            th.start()
+            th.join(10)
+            assert got == {"found": [True, True, False], "saved": 2}, got
+            time.sleep(0.3)  # the load's answer has come by now; the reader waits for the lock
+            assert not load.done()
+        assert all(r.ok for r in load.wait(20))
+    finally:
+        view.release()
+        sp.close()
+
+
+def test_a_late_answer_of_a_call_that_timed_out_is_not_taken_for_the_next(target, arena) -> None:
+    """A call that timed out leaves its answer on the calls pair; the next call skips it and gets its own (the
+    first asks about a key that is missing, the second about one that is stored, so taking the late answer would
+    say the stored one is missing)."""
+    sp = StoreProcess.start(Controller.connect, (_host(target),), _cfg(), arena)
+    view = memoryview(arena.map)
+    try:
+        view[:PAGE] = _page(1)
+        assert [r.status for r in sp.save_batch([b"k" * 32], [view[:PAGE]]).wait(20)] == [PageStatus.OK]
+        with pytest.raises(TimeoutError, match="contains not answered"):
+            sp.contains([b"x" * 32], timeout=1e-9)
+        assert sp.contains([b"k" * 32]) == [True]
+        assert sp.contains([b"x" * 32, b"k" * 32]) == [False, True]
+    finally:
+        view.release()
+        sp.close()
+
+
 def test_a_killed_helper_fails_pending_batches_and_tells_the_owner(target, arena) -> None:
     exited = threading.Event()
     reasons: list[str] = []
