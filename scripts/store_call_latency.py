@@ -65,13 +65,18 @@ def _spin(stop: threading.Event) -> None:
             x += 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=_ints, default=[1, 64, 512, 2500], help="keys per call, comma-separated")
     ap.add_argument("--calls", type=int, default=200, help="timed calls per key count")
     ap.add_argument("--switch-intervals", type=_floats, default=[0.005, 0.0005],
                     help="switch intervals (s) to run beside a bytecode thread at, comma-separated (empty: none)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.calls < 1 or not a.keys or min(a.keys) < 1:
         ap.error("--calls and every --keys count must be at least 1")
