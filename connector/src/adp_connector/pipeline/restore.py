@@ -290,6 +290,7 @@ class RestorePipeline:
                 with self._lock:
                     if self.jobs:
                         self._move(store_of(), _now())
+                        self._finishable = any(not job.ahead and (job.failed or _in_place(job)) for job in self.jobs)
             except Exception:  # never leave restores without a mover: the caller's poll still runs
                 log.exception("ADP KV: the restore driver failed a pass")
 
@@ -410,7 +411,6 @@ class RestorePipeline:
                 self.release(job)
         if store is not None:
             self._feed(store)
-        self._finishable = any(not job.ahead and (job.failed or _in_place(job)) for job in self.jobs)
 
     def _finish(self, now: float) -> list[LoadJob]:
         """Finish the jobs whose pages are all in place (or that failed or timed out); return them."""
