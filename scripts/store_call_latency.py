@@ -2,9 +2,9 @@
 that runs Python bytecode without pause, at given interpreter switch intervals.
 
 The connector's scheduler asks the card which keys it holds every engine step that fills a block (``_plan_saves``) and
-for each waiting request every ``LOOKUP_REUSE_S`` (``get_num_new_matched_tokens``). Each answer comes back through the
-proxy's reader thread, which needs the interpreter lock, and then wakes the caller, which needs it again: beside a
-thread that holds the lock, each of the two waits for up to the switch interval (5 ms by default).
+for each waiting request every ``LOOKUP_REUSE_S`` (``get_num_new_matched_tokens``). Beside a thread that holds the
+interpreter lock, each blocking system call of the call (the request's send, the answer's receive) waits up to the
+switch interval (5 ms by default) to take the lock back.
 
     .venv/bin/python scripts/store_call_latency.py                       # alone, then beside a thread at 5 and 0.5 ms
     .venv/bin/python scripts/store_call_latency.py --keys 1,2500 --calls 50 --switch-intervals 0.005 --json

@@ -809,8 +809,7 @@ def _serve_calls(calls: Connection, store_of: Callable[[], PageStore | None],
             return
 
 
-def _serve(conn: Connection, arena: memoryview, populator: ArenaPopulator | None = None,
-           calls: Connection | None = None) -> None:
+def _serve(conn: Connection, calls: Connection, arena: memoryview, populator: ArenaPopulator | None = None) -> None:
     """Helper main: open the store from the first message, then serve requests until EOF or close (synchronous
     calls on ``calls``, in a thread of their own)."""
     send_lock = threading.Lock()
@@ -830,9 +829,8 @@ def _serve(conn: Connection, arena: memoryview, populator: ArenaPopulator | None
             device.close()
         return
     g = store.geometry
-    if calls is not None:
-        threading.Thread(target=_serve_calls, args=(calls, lambda: store, populator), name="adpkv-store-calls",
-                         daemon=True).start()
+    threading.Thread(target=_serve_calls, args=(calls, lambda: store, populator), name="adpkv-store-calls",
+                     daemon=True).start()
     send(("ready", {"partition": store.partition, "pid": os.getpid(),
                     "geometry": {"slots_per_segment": g.slots_per_segment, "data_lbas": g.data_lbas,
                                  "lba_size": g.lba_size, "segments": g.segments}}))
@@ -878,12 +876,12 @@ def _serve(conn: Connection, arena: memoryview, populator: ArenaPopulator | None
                 h.add_done_callback(lambda hh, rid=rid, inline=inline: done(rid, hh, inline))
                 continue
             try:
-                if op in ("close", "abandon"):
-                    (store.close if op == "close" else store.abandon)()
-                    send(("ok", rid, True, None))
-                    store = None
-                    break
-                send(("ok", rid, _answer(store, op, keys, populator), None))  # a call sent on this pair
+                if op not in ("close", "abandon"):  # the synchronous calls come on the calls pair
+                    raise ValueError(f"unknown request {op!r}")
+                (store.close if op == "close" else store.abandon)()
+                send(("ok", rid, True, None))
+                store = None
+                break
             except Exception as exc:
                 send(("error", rid, f"{type(exc).__name__}: {exc}", None))
     finally:
@@ -936,7 +934,7 @@ def main(argv: list[str]) -> None:
     populator = ArenaPopulator(arena)
     populator.start()
     try:
-        _serve(conn, arena, populator, calls)
+        _serve(conn, calls, arena, populator)
     finally:
         conn.close()
         calls.close()
