@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import pytest
 from store_testutil import PROCESS_NQN
@@ -439,3 +440,118 @@ def test_pages_a_helper_evicts_come_back_with_its_saves(target, arena) -> None:
         view.release()
     finally:
         sp.close()
+
+
+def _reader(t, arena: SharedArena, refresh_interval_s: float = 0.0) -> StoreProcess:
+    """A read-only helper (the scheduler's lookup helper) on the writers' card."""
+    cfg = StoreConfig(writer=False, partitions=2, avg_page_bytes=PAGE, io_threads=2,
+                      refresh_interval_s=refresh_interval_s)
+    return StoreProcess.start(Controller.connect, (_host(t),), cfg, arena)
+
+
+def _save_pages(sp: StoreProcess, view: memoryview, keys: list[bytes]) -> None:
+    view[:PAGE] = _page(3)
+    assert all(r.ok for r in sp.save_batch(keys, [view[:PAGE]] * len(keys)).wait(20))
+
+
+def test_a_mirrored_index_answers_lookups_in_the_callers_process(target, arena, monkeypatch) -> None:
+    """With the lookup helper's index mirrored, contains makes no round trip and agrees with the helper: the whole
+    index at once, then what each refresh adds and removes (a refresh returns once the copy has it). Controls:
+    before mirroring, the same lookups go to the helper; the helper's own answer matches the copy."""
+    writer = StoreProcess.start(Controller.connect, (_host(target),), _cfg("always"), arena)
+    lookup_arena = SharedArena(PAGE)
+    reader = None
+    view = memoryview(arena.map)
+    try:
+        first = [bytes([1, i]) * 16 for i in range(5)]
+        _save_pages(writer, view, first)
+        reader = _reader(target, lookup_arena)
+        asked: list[str] = []
+        real_ask = reader._ask
+        monkeypatch.setattr(reader, "_ask", lambda op, keys, timeout: asked.append(op) or real_ask(op, keys, timeout))
+        probe = [*first, b"x" * 32]
+        assert reader.contains(probe) == [True] * 5 + [False] and asked == ["contains"]  # control: a round trip
+        assert reader.mirror_index() == 5 and reader.mirrored
+        asked.clear()
+        assert reader.contains(probe) == [True] * 5 + [False] and asked == []
+        more = [bytes([2, i]) * 16 for i in range(3)]
+        _save_pages(writer, view, more)
+        assert writer.discard(first[:2]) == 2
+        assert reader.contains(more) == [False] * 3  # not refreshed yet: as stale as the helper's own index
+        reader.refresh()
+        want = [False, False, True, True, True, True, True, True, False]
+        assert reader.contains([*first, *more, b"x" * 32]) == want
+        assert asked == ["refresh"]
+        monkeypatch.undo()
+        reader._mirror = None  # control: the helper itself says the same
+        assert reader.contains([*first, *more, b"x" * 32]) == want
+    finally:
+        view.release()
+        if reader is not None:
+            reader.close()
+        writer.close()
+        lookup_arena.close()
+
+
+def test_a_mirrored_index_follows_the_helpers_own_refresh_and_fails_with_it(target, arena) -> None:
+    """Without a refresh asked for, the helper's periodic refresh brings a writer's new pages into the copy. Once
+    the helper is gone, a lookup raises as before instead of answering from a copy nobody updates."""
+    writer = StoreProcess.start(Controller.connect, (_host(target),), _cfg("always"), arena)
+    lookup_arena = SharedArena(PAGE)
+    reader = None
+    view = memoryview(arena.map)
+    try:
+        reader = _reader(target, lookup_arena, refresh_interval_s=0.2)
+        assert reader.mirror_index() == 0
+        keys = [bytes([3, i]) * 16 for i in range(4)]
+        _save_pages(writer, view, keys)
+        deadline = time.monotonic() + 15
+        while reader.contains(keys) != [True] * 4:
+            assert time.monotonic() < deadline, "the copy never got the writer's pages"
+            time.sleep(0.05)
+        reader.kill()
+        deadline = time.monotonic() + 10
+        while not reader.exit_reason:  # the proxy's reader thread has seen the helper go
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(StoreProcessError):
+            reader.contains(keys)
+    finally:
+        view.release()
+        if reader is not None:
+            reader.close()
+        writer.close()
+        lookup_arena.close()
+
+
+def test_an_index_over_the_copy_limit_ends_the_copy() -> None:
+    """The publisher sends changes only, and an index grown past its limit ends the copy: the owner's contains asks
+    the helper again. Control: under the limit, the owner's copy follows the changes. (The publisher over a
+    stand-in store: only its indexed_keys and index_changed are used.)"""
+    from types import SimpleNamespace
+
+    from adp_connector.store.process import IndexPublisher
+
+    keys = {b"a" * 32, b"b" * 32}
+    store: Any = SimpleNamespace(indexed_keys=lambda: list(keys), index_changed=threading.Event())
+    sent: list[tuple] = []
+    pub = IndexPublisher(store, sent.append, poll_s=60, max_keys=3)
+    owner: Any = SimpleNamespace(_mirror=None, _mirror_gen=0, _mirror_cond=threading.Condition())
+    apply = StoreProcess._apply_index.__get__(owner)
+    try:
+        assert pub.start() == 1 and sent[-1][0] == "index" and set(sent[-1][2]) == keys
+        apply(*sent[-1][1:])
+        assert owner._mirror == keys
+        assert pub.publish() == 1 and len(sent) == 1  # nothing changed: nothing sent
+        keys.add(b"c" * 32)
+        keys.discard(b"a" * 32)
+        assert pub.publish() == 2 and sent[-1][2:] == ([b"c" * 32], [b"a" * 32])
+        apply(*sent[-1][1:])
+        assert owner._mirror == keys  # control: under the limit the copy follows
+        keys.update({b"d" * 32, b"e" * 32})
+        assert pub.publish() == 3 and sent[-1] == ("index", 3, None, None) and not pub.active
+        apply(*sent[-1][1:])
+        assert owner._mirror is None and owner._mirror_gen == 3
+        assert pub.publish() == 3 and len(sent) == 3  # stopped: nothing more
+    finally:
+        pub.stop()

@@ -224,6 +224,7 @@ class StoreCore:
     _own: OwnPages  # own pages in eviction order
     _freq: FrequencySketch | None  # request counts for admission into a full card (None: admit every page)
     _foreign: dict[bytes, Loc]
+    index_changed: threading.Event
     _foreign_parts: dict[int, dict[bytes, Loc]]
     _table_digests: dict[int, bytes]
     _inflight: dict[bytes, threading.Event]  # key -> set when the batch saving it has finished

@@ -97,6 +97,7 @@ class IndexMixin(StoreCore):
             for d in self._foreign_parts.values():
                 merged.update(d)
             self._foreign = merged
+        self.index_changed.set()
         self.stats.add(refreshes=1)
 
     def _read_tables(self, segs: list[int]) -> list[bytearray | None]:

@@ -350,6 +350,7 @@ class PipelineMixin(StoreCore):
                     d = self._foreign_parts.get(op.loc.segment)
                     if self._foreign.get(op.key) is op.loc:
                         del self._foreign[op.key]
+                        self.index_changed.set()
                     if d is not None and d.get(op.key) is op.loc:
                         del d[op.key]
         if corrupt_own:

@@ -20,6 +20,10 @@ way (0.05 ms alone), and the calls pair takes one such wait off the slow end (p9
 ``scripts/store_call_latency.py``, docs/benchmarks.md). Batches, notices and ``close`` keep the first pair, in the
 order they were sent.
 
+A read-only helper (the scheduler's lookup helper) can also keep the caller's copy of its index up to date
+(:meth:`StoreProcess.mirror_index`): it sends what each refresh changed on the first pair, and ``contains`` then
+reads the copy, with no system call to wait behind the interpreter lock.
+
 If the helper exits (crash, killed), every pending batch fails with ``ERROR`` and ``on_exit`` is called; the owner
 decides whether to start another (:class:`adp_connector.vllm.backend.StoreLink` does).
 """
@@ -215,6 +219,10 @@ class StoreProcess:
         self._reply_ready = threading.Condition(self._lock)
         self._closed = False
         self.exit_reason = ""
+        # the helper's index as of its last published change (:meth:`mirror_index`); None: ask the helper
+        self._mirror: set[bytes] | None = None
+        self._mirror_gen = 0
+        self._mirror_cond = threading.Condition(threading.Lock())
         self._reader = threading.Thread(target=self._read_loop, name="adpkv-storeproc", daemon=True)
         self._reader.start()
 
@@ -343,16 +351,50 @@ class StoreProcess:
         return int(self._call("discard", [bytes(k) for k in keys], timeout))
 
     def contains(self, keys: Iterable[bytes], timeout: float = 30.0) -> list[bool]:
-        """Which keys the helper's index holds."""
+        """Which keys the helper's index holds: from the local copy once :meth:`mirror_index` made one (no round
+        trip), else asked."""
+        if self._mirror is not None:
+            if self._closed:
+                raise StoreProcessError(self.exit_reason or "store process closed")
+            with self._mirror_cond:
+                m = self._mirror
+                return [(k if type(k) is bytes else bytes(k)) in m for k in keys]
         return list(self._call("contains", [bytes(k) for k in keys], timeout))
+
+    def mirror_index(self, timeout: float = 30.0) -> int:
+        """Keep a copy of the helper's index in this process, so that :meth:`contains` makes no round trip.
+
+        The helper sends every change of its index (after each refresh, and at least every ``MIRROR_POLL_S``) on
+        the batches' pair, which the reader thread applies; the first is the whole index, applied before this
+        returns. The copy is as fresh as the helper's own index, which a refresh brings up to date every
+        ``refresh_interval_s``: a scheduler's view of the card is that old either way. :meth:`refresh` returns
+        once the copy has the refreshed index. Returns the number of keys copied. An index of more than
+        ``MIRROR_MAX_KEYS`` pages is not copied, or stops being (``mirrored`` turns False): lookups ask again.
+        """
+        self._call("mirror", [], timeout)
+        with self._mirror_cond:
+            return len(self._mirror or ())
+
+    @property
+    def mirrored(self) -> bool:
+        """Whether :meth:`contains` answers from a local copy of the helper's index."""
+        return self._mirror is not None
 
     def stats(self, timeout: float = 30.0) -> dict[str, float]:
         """The helper store's counters (``StoreStats.snapshot``)."""
         return dict(self._call("stats", [], timeout))
 
     def refresh(self, timeout: float = 30.0) -> None:
-        """Re-read the other writers' slot tables now (the helper also does it every ``refresh_interval_s``)."""
-        self._call("refresh", [], timeout)
+        """Re-read the other writers' slot tables now (the helper also does it every ``refresh_interval_s``); with a
+        mirrored index, return once the copy has what the refresh found."""
+        deadline = time.monotonic() + timeout
+        gen = self._call("refresh", [], timeout)
+        if self._mirror is None or type(gen) is not int:
+            return
+        with self._mirror_cond:
+            if not self._mirror_cond.wait_for(lambda: self._mirror_gen >= gen or self._closed,
+                                              max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"store process: the index copy did not reach the refresh in {timeout} s")
 
     def indexed_keys(self, timeout: float = 30.0) -> list[bytes]:
         """Every key the helper's index holds (diagnostics and tests)."""
@@ -422,6 +464,9 @@ class StoreProcess:
         try:
             while True:
                 kind, rid, payload, extra = self._conn.recv()
+                if kind == "index":  # a change of the helper's index: rid is its generation
+                    self._apply_index(rid, payload, extra)
+                    continue
                 with self._lock:
                     entry = self._pending.pop(rid, None)
                 if entry is None:
@@ -454,6 +499,18 @@ class StoreProcess:
             reason = f"store process exited (rc={rc})" if rc is not None else f"store process connection lost: {exc!r}"
         self._shutdown(reason)
 
+    def _apply_index(self, gen: int, added: list[bytes] | None, removed: list[bytes] | None) -> None:
+        with self._mirror_cond:
+            if added is None or removed is None:  # the helper ended the copy (too many pages): ask it again
+                self._mirror, self._mirror_gen = None, gen
+                self._mirror_cond.notify_all()
+                return
+            m = self._mirror if self._mirror is not None else set()
+            m.difference_update(removed)
+            m.update(added)
+            self._mirror, self._mirror_gen = m, gen
+            self._mirror_cond.notify_all()
+
     def _shutdown(self, reason: str) -> None:
         """Fail everything pending; tell the owner once (unless it closed us)."""
         with self._lock:
@@ -467,6 +524,8 @@ class StoreProcess:
                 h._set([PageResult(k, PageStatus.ERROR, 0, reason) for k in keys])
         with self._reply_ready:
             self._reply_ready.notify_all()
+        with self._mirror_cond:
+            self._mirror_cond.notify_all()
         if first and self._on_exit is not None:
             try:
                 self._on_exit(reason)
@@ -767,7 +826,85 @@ class StoreGroup:
 # ---------------------------------------------------------------------- the helper process
 
 
-def _answer(store: PageStore | None, op: str, keys: list[bytes], populator: ArenaPopulator | None) -> Any:
+MIRROR_POLL_S = 1.0  # an index publisher looks for changes at least this often (a refresh wakes it at once)
+MIRROR_MAX_KEYS = 1 << 22  # beyond this many pages (~400 MB of copy in the owner) the owner asks the helper again
+
+
+class IndexPublisher:
+    """Sends the owner what the helper's index gained and lost since the last time (:meth:`StoreProcess.mirror_index`),
+    as ``("index", generation, added, removed)`` on the batches' pair; the first message is the whole index.
+
+    A thread sends after each change the store signals (``index_changed``: a refresh that found other writers'
+    pages changed, a stale page dropped on a load) and every ``MIRROR_POLL_S`` in any case. The diff is taken
+    here, in the helper, so the owner's process only applies it. An index of more than ``max_keys`` pages ends
+    the copy (``("index", generation, None, None)``): the owner asks the helper again.
+    """
+
+    def __init__(self, store: PageStore, send: Callable[[tuple], None], poll_s: float = MIRROR_POLL_S,
+                 max_keys: int = MIRROR_MAX_KEYS) -> None:
+        self.store = store
+        self.send = send
+        self.poll_s = poll_s
+        self.max_keys = max_keys
+        self.generation = 0
+        self._published: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None and not self._stop.is_set()
+
+    def start(self) -> int:
+        """Publish the whole index now, then keep publishing changes; the generation sent."""
+        gen = self.publish()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="adpkv-store-mirror", daemon=True)
+            self._thread.start()
+        return gen
+
+    def publish(self) -> int:
+        """Send what changed since the last message (nothing when nothing did); the generation the owner has then."""
+        with self._lock:
+            if self._stop.is_set():
+                return self.generation
+            self.store.index_changed.clear()
+            now = set(self.store.indexed_keys())
+            if len(now) > self.max_keys:
+                log.warning("index publisher: %d pages are more than %d; the owner asks again", len(now),
+                            self.max_keys)
+                self.generation += 1
+                self.send(("index", self.generation, None, None))
+                self._published = set()
+                self._stop.set()
+                return self.generation
+            added, removed = now - self._published, self._published - now
+            if added or removed or self.generation == 0:
+                self.generation += 1
+                self.send(("index", self.generation, list(added), list(removed)))
+                self._published = now
+            return self.generation
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.store.index_changed.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.store.index_changed.wait(self.poll_s)
+            if self._stop.is_set():
+                return
+            try:
+                self.publish()
+            except (OSError, ValueError):  # the owner is gone
+                return
+            except Exception:
+                log.exception("index publisher")
+
+
+def _answer(store: PageStore | None, op: str, keys: list[bytes], populator: ArenaPopulator | None,
+            publisher: IndexPublisher | None = None) -> Any:
     """The answer to one synchronous call (:data:`CALL_OPS`)."""
     if store is None:
         raise StoreProcessError("the store is closed")
@@ -777,6 +914,8 @@ def _answer(store: PageStore | None, op: str, keys: list[bytes], populator: Aren
         return store.contains(keys)
     if op == "refresh":
         store.refresh()
+        if publisher is not None and publisher.active:  # the change goes out before this answer does
+            return publisher.publish()
         return True
     if op == "indexed_keys":
         return store.indexed_keys()
@@ -792,7 +931,7 @@ def _answer(store: PageStore | None, op: str, keys: list[bytes], populator: Aren
 
 
 def _serve_calls(calls: Connection, store_of: Callable[[], PageStore | None],
-                 populator: ArenaPopulator | None) -> None:
+                 populator: ArenaPopulator | None, publisher: IndexPublisher | None = None) -> None:
     """The calls thread: answer synchronous calls on their own socket pair until it closes."""
     while True:
         try:
@@ -800,7 +939,7 @@ def _serve_calls(calls: Connection, store_of: Callable[[], PageStore | None],
         except (EOFError, OSError):
             return
         try:
-            reply: tuple = ("ok", rid, _answer(store_of(), op, keys, populator))
+            reply: tuple = ("ok", rid, _answer(store_of(), op, keys, populator, publisher))
         except Exception as exc:
             reply = ("error", rid, f"{type(exc).__name__}: {exc}")
         try:
@@ -829,8 +968,9 @@ def _serve(conn: Connection, calls: Connection, arena: memoryview, populator: Ar
             device.close()
         return
     g = store.geometry
-    threading.Thread(target=_serve_calls, args=(calls, lambda: store, populator), name="adpkv-store-calls",
-                     daemon=True).start()
+    publisher = IndexPublisher(store, send)
+    threading.Thread(target=_serve_calls, args=(calls, lambda: store, populator, publisher),
+                     name="adpkv-store-calls", daemon=True).start()
     send(("ready", {"partition": store.partition, "pid": os.getpid(),
                     "geometry": {"slots_per_segment": g.slots_per_segment, "data_lbas": g.data_lbas,
                                  "lba_size": g.lba_size, "segments": g.segments}}))
@@ -875,6 +1015,12 @@ def _serve(conn: Connection, calls: Connection, arena: memoryview, populator: Ar
                     continue
                 h.add_done_callback(lambda hh, rid=rid, inline=inline: done(rid, hh, inline))
                 continue
+            if op == "mirror":
+                try:
+                    send(("ok", rid, publisher.start(), None))  # after the whole index, on the same pair
+                except Exception as exc:
+                    send(("error", rid, f"{type(exc).__name__}: {exc}", None))
+                continue
             try:
                 if op not in ("close", "abandon"):  # the synchronous calls come on the calls pair
                     raise ValueError(f"unknown request {op!r}")
@@ -885,6 +1031,7 @@ def _serve(conn: Connection, calls: Connection, arena: memoryview, populator: Ar
             except Exception as exc:
                 send(("error", rid, f"{type(exc).__name__}: {exc}", None))
     finally:
+        publisher.stop()
         if store is not None:
             store.close()
         device.close()
@@ -892,14 +1039,15 @@ def _serve(conn: Connection, calls: Connection, arena: memoryview, populator: Ar
 
 def thread_role(name: str) -> str:
     """The role of a helper thread by its name: ``rx`` / ``tx`` (an NVMe/TCP queue's receive / send loop),
-    ``batch`` (the store's batch workers: checksums, page bookkeeping), ``refresh`` (the index refresh),
+    ``batch`` (the store's batch workers: checksums, page bookkeeping), ``refresh`` (the index refresh and the
+    publisher of its changes),
     ``main`` (requests from the owner, completions back, synchronous calls), else ``other`` (keep-alive, arena
     pre-fault, ...)."""
     if name.startswith("nvme-q"):
         return "rx" if name.endswith("-rx") else "tx" if name.endswith("-tx") else "other"
     if name.startswith("adpkv-store_"):
         return "batch"
-    if name == "adpkv-store-bg":
+    if name in ("adpkv-store-bg", "adpkv-store-mirror"):
         return "refresh"
     if name in ("MainThread", "adpkv-store-calls"):
         return "main"

@@ -111,6 +111,7 @@ class PageStore(LeaseMixin, SegmentMixin, IndexMixin, SpaceMixin, PipelineMixin,
         self._foreign: dict[bytes, Loc] = {}
         self._foreign_parts: dict[int, dict[bytes, Loc]] = {}
         self._table_digests: dict[int, bytes] = {}  # segment -> digest of its slot table at the last refresh
+        self.index_changed = threading.Event()  # set when a refresh or a stale read changed the others' pages
         self._inflight: dict[bytes, threading.Event] = {}
         self._pins: dict[tuple[int, int], int] = {}
         self._doomed: dict[tuple[int, int], Loc] = {}

@@ -11,8 +11,9 @@ Given an ``arena`` (the worker side, option ``io_process``), the controller and 
 helpers); if one dies, ``store`` turns None and the link starts the helpers again. A read-only link with
 ``io_process`` (the scheduler side) opens its store in a lookup helper of its own: the index refresh (every slot
 table of the card, each ``refresh_interval_s``: a thousand NVMe reads on a 64 GiB card) and the NVMe/TCP queue
-threads then run outside the engine-core process, off the GIL of the thread that schedules and launches the model;
-a lookup is one round trip to that helper.
+threads then run outside the engine-core process, off the GIL of the thread that schedules and launches the model.
+The helper sends each change of its index back (``lookup_mirror``, on by default), so a lookup reads a copy in this
+process and makes no round trip (without it, a lookup is one round trip to the helper).
 """
 
 from __future__ import annotations
@@ -141,8 +142,20 @@ class StoreLink:
         if self.arena is None and not self._writer and c.io_process:
             if self._lookup_arena is None:
                 self._lookup_arena = SharedArena(LOOKUP_ARENA_BYTES, name="adp-kv-lookup")
-            store = StoreProcess.start(Controller.connect, (hc,), sc, self._lookup_arena,
-                                       on_exit=self._process_exited, timeout=wait)
+            lookup = StoreProcess.start(Controller.connect, (hc,), sc, self._lookup_arena,
+                                        on_exit=self._process_exited, timeout=wait)
+            if c.lookup_mirror:
+                try:
+                    n = lookup.mirror_index(wait)
+                    if lookup.mirrored:
+                        log.debug("ADP KV: the lookup helper's index (%d pages) is mirrored in this process", n)
+                    else:
+                        log.info("ADP KV: the card holds too many pages to copy its index here; lookups ask the "
+                                 "lookup helper")
+                except Exception as exc:  # lookups still work, one round trip each
+                    log.warning("ADP KV: mirroring the lookup helper's index failed (%s); lookups ask the helper",
+                                exc)
+            store = lookup
         elif self.arena is not None:
             savers = c.save_processes if self._writer else 1  # a read-only link claims no writer slots
             if c.load_processes > 1 or savers > 1:

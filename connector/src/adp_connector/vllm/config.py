@@ -51,6 +51,7 @@ class ADPConfig:
     switch_interval_ms: float = 0.0
     io_threads: int = 2
     io_process: bool = True
+    lookup_mirror: bool = True
     load_processes: int = 1
     save_processes: int = 1
     max_io_kib: int = 0
@@ -116,6 +117,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
     "io_threads": ((int,), "concurrent store batches per process"),
     "io_process": ((bool,), "worker: run page I/O (NVMe/TCP, checksums) in a helper process that shares the "
                    "staging memory, off the engine process's interpreter lock; false: in the engine process"),
+    "lookup_mirror": ((bool,), "scheduler, with io_process: keep a copy of the lookup helper's index in the "
+                      "engine process, updated by the helper after each refresh, so a lookup makes no round trip; "
+                      "false: every lookup asks the helper"),
     "load_processes": ((int,), "worker, with io_process: helper processes restores are spread over (1 writer + "
                        "read-only helpers, each with its own NVMe/TCP connection)"),
     "save_processes": ((int,), "worker, with io_process: writer helpers saves are spread over (1..16; a key always "
