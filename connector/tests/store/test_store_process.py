@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -442,11 +444,30 @@ def test_pages_a_helper_evicts_come_back_with_its_saves(target, arena) -> None:
         sp.close()
 
 
-def _reader(t, arena: SharedArena, refresh_interval_s: float = 0.0) -> StoreProcess:
-    """A read-only helper (the scheduler's lookup helper) on the writers' card."""
-    cfg = StoreConfig(writer=False, partitions=2, avg_page_bytes=PAGE, io_threads=2,
-                      refresh_interval_s=refresh_interval_s)
-    return StoreProcess.start(Controller.connect, (_host(t),), cfg, arena)
+@contextlib.contextmanager
+def _writer_and_lookups(t, arena: SharedArena
+                        ) -> Iterator[tuple[StoreProcess, memoryview, Callable[..., StoreProcess]]]:
+    """A writer helper on the card, a view of its arena, and a factory of read-only helpers on the same card (the
+    scheduler's lookup helper); all closed afterwards."""
+    writer = StoreProcess.start(Controller.connect, (_host(t),), _cfg("always"), arena)
+    lookup_arena = SharedArena(PAGE)
+    readers: list[StoreProcess] = []
+    view = memoryview(arena.map)
+
+    def open_lookup(refresh_interval_s: float = 0.0) -> StoreProcess:
+        cfg = StoreConfig(writer=False, partitions=2, avg_page_bytes=PAGE, io_threads=2,
+                          refresh_interval_s=refresh_interval_s)
+        readers.append(StoreProcess.start(Controller.connect, (_host(t),), cfg, lookup_arena))
+        return readers[-1]
+
+    try:
+        yield writer, view, open_lookup
+    finally:
+        view.release()
+        for r in readers:
+            r.close()
+        writer.close()
+        lookup_arena.close()
 
 
 def _save_pages(sp: StoreProcess, view: memoryview, keys: list[bytes]) -> None:
@@ -458,14 +479,10 @@ def test_a_mirrored_index_answers_lookups_in_the_callers_process(target, arena, 
     """With the lookup helper's index mirrored, contains makes no round trip and agrees with the helper: the whole
     index at once, then what each refresh adds and removes (a refresh returns once the copy has it). Controls:
     before mirroring, the same lookups go to the helper; the helper's own answer matches the copy."""
-    writer = StoreProcess.start(Controller.connect, (_host(target),), _cfg("always"), arena)
-    lookup_arena = SharedArena(PAGE)
-    reader = None
-    view = memoryview(arena.map)
-    try:
+    with _writer_and_lookups(target, arena) as (writer, view, open_lookup):
         first = [bytes([1, i]) * 16 for i in range(5)]
         _save_pages(writer, view, first)
-        reader = _reader(target, lookup_arena)
+        reader = open_lookup()
         asked: list[str] = []
         real_ask = reader._ask
         monkeypatch.setattr(reader, "_ask", lambda op, keys, timeout: asked.append(op) or real_ask(op, keys, timeout))
@@ -485,23 +502,13 @@ def test_a_mirrored_index_answers_lookups_in_the_callers_process(target, arena, 
         monkeypatch.undo()
         reader._mirror = None  # control: the helper itself says the same
         assert reader.contains([*first, *more, b"x" * 32]) == want
-    finally:
-        view.release()
-        if reader is not None:
-            reader.close()
-        writer.close()
-        lookup_arena.close()
 
 
 def test_a_mirrored_index_follows_the_helpers_own_refresh_and_fails_with_it(target, arena) -> None:
     """Without a refresh asked for, the helper's periodic refresh brings a writer's new pages into the copy. Once
     the helper is gone, a lookup raises as before instead of answering from a copy nobody updates."""
-    writer = StoreProcess.start(Controller.connect, (_host(target),), _cfg("always"), arena)
-    lookup_arena = SharedArena(PAGE)
-    reader = None
-    view = memoryview(arena.map)
-    try:
-        reader = _reader(target, lookup_arena, refresh_interval_s=0.2)
+    with _writer_and_lookups(target, arena) as (writer, view, open_lookup):
+        reader = open_lookup(refresh_interval_s=0.2)
         assert reader.mirror_index() == 0
         keys = [bytes([3, i]) * 16 for i in range(4)]
         _save_pages(writer, view, keys)
@@ -516,12 +523,6 @@ def test_a_mirrored_index_follows_the_helpers_own_refresh_and_fails_with_it(targ
             time.sleep(0.05)
         with pytest.raises(StoreProcessError):
             reader.contains(keys)
-    finally:
-        view.release()
-        if reader is not None:
-            reader.close()
-        writer.close()
-        lookup_arena.close()
 
 
 def test_an_index_over_the_copy_limit_ends_the_copy() -> None:

@@ -501,13 +501,11 @@ class StoreProcess:
 
     def _apply_index(self, gen: int, added: list[bytes] | None, removed: list[bytes] | None) -> None:
         with self._mirror_cond:
-            if added is None or removed is None:  # the helper ended the copy (too many pages): ask it again
-                self._mirror, self._mirror_gen = None, gen
-                self._mirror_cond.notify_all()
-                return
-            m = self._mirror if self._mirror is not None else set()
-            m.difference_update(removed)
-            m.update(added)
+            m = None  # the helper ended the copy (too many pages): ask it again
+            if added is not None and removed is not None:
+                m = self._mirror if self._mirror is not None else set()
+                m.difference_update(removed)
+                m.update(added)
             self._mirror, self._mirror_gen = m, gen
             self._mirror_cond.notify_all()
 
