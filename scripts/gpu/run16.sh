@@ -26,6 +26,8 @@
 #   z  adp at 8 agents with read_ahead_mb=0 (b's adp arm without the read-ahead: what it is worth, same machine)
 #   t  16 agents (40k-token histories, ~97 GB of KV) over equal 64 GiB budgets, three arms; T the same, cpu-offload
 #      alone with vLLM's ARC policy (eviction_policy=arc)
+#   C  16 agents (30k-token histories, 5 turns) on a 16 GiB CPU tier and a 96 GiB card: adp and cpu-offload
+#   N  the restore path over 8 GB under py-spy with native frames (where the helpers' user time goes)
 #   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
 #      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
 # The base wheel set is enough:
@@ -153,6 +155,15 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # the same, cpu-offload alone with vLLM's ARC policy (t's runs vLLM's default, LRU), ~4 min
     T) BENCH_ARGS="--agents 16 --turns 4 --arms cpu-offload --offload-bytes 64G --offload-opt eviction_policy=arc" \
          $v agents $R/T ;;
+    # issue 14: the small-tier gate at a prefill that costs more than run 26's 20k histories (16 agents, 30k-token
+    # histories, 5 turns: ~80 GB of KV; the card holds it, the 16 GiB CPU tier does not), adp against cpu-offload
+    C) BENCH_ARGS="--agents 16 --history-len 30000 --turns 5 --arms adp,cpu-offload --target-workers 8 \
+--card-bytes 96G --offload-bytes 16G" $v agents $R/C ;;
+    # issue 15 item 1: where the helpers' user time goes on this host (run 16: their receive threads 0.222 user +
+    # 0.377 system core-s/GB against 0.239 in all for a bare receiver): the restore path over 8 GB under py-spy with
+    # native frames (the checksum, the interpreter, libc), 12 helpers of 2 queues, 8 target workers
+    N) PYSPY_ARGS="--native" RESTORE_ARGS="--gb 8 --helpers 12 --queues 2 --target-workers 8" \
+         $v restore-path $R/N ;;
     *) echo "run16: unknown step $1" >&2; return 2 ;;
   esac
   (cd $R && tar czf /root/part-$tag$1.tgz host.txt "$1")

@@ -8,7 +8,9 @@
 # correctness: gpu-unit, connector import smoke, `testbed verify --family dense` (cold -> restart -> warm, random weights,
 #              every restored page compared), the NVMe/TCP data path (1..16 queues, 1 MiB reads, stream ceiling).
 # datapath:    client reads into GPU memory through pinned buffers, 1..16 queues, target I/O workers 0/4/8.
-# restore-path: `testbed bench restore-path` (helper processes x target workers, into GPU memory) under py-spy.
+# restore-path: `testbed bench restore-path` (helper processes x target workers, into GPU memory) under py-spy
+#              (PYSPY_ARGS replaces --nonblocking, e.g. "--native" for the C frames: checksums, the interpreter,
+#              libc; py-spy pauses each process per sample to unwind them).
 # families:    `testbed verify` for swa (Gemma3), swa:mistral (all layers SWA), mla (DeepSeek-V3 MLA), dsa
 #              (DeepSeek-V3.2: MLA + indexer pages), mtp (+ MTP head: acceptance off / on); FAMILIES="..." picks
 #              others, VERIFY_ARGS adds verify options (e.g. "--block-size 16"; GDN without flashinfer:
@@ -78,7 +80,7 @@ case "$what" in
     ;;
   restore-path)  # the connector's restore machinery without vLLM: helpers x target workers, into GPU memory,
                  # sampled by py-spy (every process: bench, target, its workers, the helpers)
-    py-spy record --subprocesses --nonblocking -r 50 -f raw -o "$out/restore-path.pyspy.txt" -- \
+    py-spy record --subprocesses -r 50 -f raw ${PYSPY_ARGS:---nonblocking} -o "$out/restore-path.pyspy.txt" -- \
       python3 -m adp_testbed.cli bench restore-path --into gpu --json "$out/restore-path.json" \
       ${RESTORE_ARGS:---gb 8 --helpers 1,2,4,8 --target-workers 4,8} > "$out/restore-path.txt" 2>&1
     echo "restore-path rc=$?"; grep -v "^py-spy\|^Sampling\|^Stopped\|^Wrote" "$out/restore-path.txt" | tail -12
