@@ -28,6 +28,8 @@
 #      alone with vLLM's ARC policy (eviction_policy=arc)
 #   C  16 agents (30k-token histories, 5 turns) on a 16 GiB CPU tier and a 96 GiB card: adp and cpu-offload
 #   N  the restore path over 8 GB under py-spy with native frames (where the helpers' user time goes)
+#   E  the restore path over 16 GB, splice and copy (issue 15's 20 GB/s and 0.25 core-s/GB)
+#   R  the restart at 32k and 100k tokens, no connector, adp cold and warm (issue 15's 0.25x / 0.15x and 3%)
 #   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
 #      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
 # The base wheel set is enough:
@@ -51,6 +53,7 @@ R=/root/res${RUN16_TAG:+-$RUN16_TAG}
 mkdir -p $R
 export TMPDIR=/dev/shm
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; lscpu | grep "Model name"; free -g;
+  uname -r;  # the host's kernel: Firecracker's Linux or gVisor's (4.4.0) moves loopback TCP differently
   df -h /dev/shm /tmp;
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)";
   env -u PYTHONPATH python3 -m pip list 2>/dev/null | grep -iE '^(nvidia|cuda|torch|triton)'; } \
@@ -164,6 +167,13 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # native frames (the checksum, the interpreter, libc), 12 helpers of 2 queues, 8 target workers
     N) PYSPY_ARGS="--native" RESTORE_ARGS="--gb 8 --helpers 12 --queues 2 --target-workers 8" \
          $v restore-path $R/N ;;
+    # issue 15's gates on this host, as they stand: the restore path over 16 GB into GPU memory (12 helpers of 2
+    # queues, 8 target workers, splice and copy reads; run 16 on an H200: 13.85 / 11.80 GB/s, helpers 0.72 / 0.63
+    # core-s/GB, ceilings 13.3 / 20.2), and the restart at 32k and 100k tokens (run 13: 0.355x / 0.197x of the
+    # prefill, gates 0.25x / 0.15x; the cold pass +4.1% at 32k, gate 3%)
+    E) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy" \
+         $v restore-path $R/E ;;
+    R) RESTART_ARGS="--lengths 32000,100000 --target-workers 8 --arms baseline,adp-cold,adp-warm" $v restart $R/R ;;
     *) echo "run16: unknown step $1" >&2; return 2 ;;
   esac
   (cd $R && tar czf /root/part-$tag$1.tgz host.txt "$1")
