@@ -29,6 +29,7 @@
 #   C  16 agents (30k-token histories, 5 turns) on a 16 GiB CPU tier and a 96 GiB card: adp and cpu-offload
 #   N  the restore path over 8 GB under py-spy with native frames (where the helpers' user time goes)
 #   E  the restore path over 16 GB, splice and copy (issue 15's 20 GB/s and 0.25 core-s/GB)
+#   F  t with two arms, cpu-offload and adp
 #   R  the restart at 32k and 100k tokens, no connector, adp cold and warm (issue 15's 0.25x / 0.15x and 3%)
 #   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
 #      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
@@ -173,6 +174,9 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # prefill, gates 0.25x / 0.15x; the cold pass +4.1% at 32k, gate 3%)
     E) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy" \
          $v restore-path $R/E ;;
+    # t without the no-connector arm (cpu-offload restores nothing there in runs 7 and 8, so it stands near it), ~7 min
+    F) BENCH_ARGS="--agents 16 --turns 4 --arms cpu-offload,adp --target-workers 8 --card-bytes 64G \
+--offload-bytes 64G" $v agents $R/F ;;
     R) RESTART_ARGS="--lengths 32000,100000 --target-workers 8 --arms baseline,adp-cold,adp-warm" $v restart $R/R ;;
     *) echo "run16: unknown step $1" >&2; return 2 ;;
   esac
