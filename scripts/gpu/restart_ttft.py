@@ -253,9 +253,10 @@ def main() -> None:
         return
     model = write_model(out, a.shape, max([*lengths, a.decode_context]) + a.decode_tokens + 64)
     from adp_connector.vllm.config import host_defaults
+    from adp_testbed.hostinfo import host_info
 
     report: dict[str, Any] = {"shape": a.shape, "kv_bytes_per_token": kv_per_token, "lengths": lengths,
-                              "connector_host_defaults": host_defaults(), "arms": {}}
+                              "environment": host_info(), "connector_host_defaults": host_defaults(), "arms": {}}
     connector = {"kv_connector": "ADPConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                  "kv_connector_module_path": "adp_connector.vllm.connector",
                  # the helpers, queues and staging are the connector's host-derived defaults (what a user gets); GPU

@@ -532,6 +532,7 @@ def test_report_caption_without_environment() -> None:
 def test_hardware_is_recorded() -> None:
     hw = host_info()
     assert hw["cpu_cores"] >= 1 and hw["cpu_model"] and hw["date"].endswith("UTC")
+    assert hw["kernel"] == os.uname().release
     assert hw["gpu_count"] == len(hw["gpus"]) and hw["mem_total_bytes"] > 0
 
 

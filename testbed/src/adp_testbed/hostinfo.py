@@ -1,4 +1,4 @@
-"""Where a benchmark ran: GPU model and count, host cores and memory (recorded in every results JSON)."""
+"""Where a benchmark ran: GPU model and count, host cores and memory, the kernel (recorded in every results JSON)."""
 
 from __future__ import annotations
 
@@ -47,11 +47,15 @@ def gpus() -> list[str]:
 
 
 def host_info() -> dict[str, Any]:
-    """GPU models and count, CPU model, usable cores, memory, UTC date: the ``environment`` of a results JSON."""
+    """GPU models and count, CPU model, usable cores, memory, kernel, UTC date: the ``environment`` of a results JSON.
+
+    The kernel matters for every figure that crosses loopback TCP: a lent GPU host has run both a Linux kernel
+    (Firecracker, 6.x) and gVisor's (which reports 4.4.0), whose network stacks differ."""
     g = gpus()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     names = [x.split(",")[0].strip() for x in g]
     summary = (f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)) if names else None
     return {"host": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
             "gpus": g, "gpu_count": len(g), "gpu": summary, "cpu_model": _cpu_model(), "cpu_cores": usable,
-            "mem_total_bytes": mem_total_bytes(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "mem_total_bytes": mem_total_bytes(), "kernel": platform.release(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

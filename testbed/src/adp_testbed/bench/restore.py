@@ -45,6 +45,7 @@ from adp_connector.store.keys import KeyNamespace
 from adp_connector.store.process import SharedArena, StoreGroup, StoreProcess
 
 from .. import options as O
+from ..hostinfo import host_info
 from ..sizes import parse_size
 from ..targets import LocalTarget, refuse_to_overwrite_file
 from .stream import StreamServer
@@ -337,6 +338,7 @@ def main(args: argparse.Namespace) -> int:
     shape = {"driver": args.driver, "step_s": args.step_ms / 1e3, "per_restore": per_restore, "layers": args.layers}
     n_pages = max(per_batch, int(args.gb * 1e9) // page)
     rows: list[dict[str, Any]] = []
+    env = host_info()  # where it ran (GPU, cores, memory, kernel), in every row
     ns = KeyNamespace("bench-restore", "bf16", "bench", 16)
     keys = ns.keys_for_block_hashes(i.to_bytes(8, "little") for i in range(n_pages))
     # pages twice over, plus a few segments per writer slot (each writer claims its own)
@@ -425,7 +427,8 @@ def main(args: argparse.Namespace) -> int:
                         tcpu, hcpu, dt = t_user + t_sys, h_user + h_sys, run.seconds
                         each = sorted(run.restore_seconds)
                         gbps = gb / dt
-                        row = {"mdts": mdts, "target_workers": workers, "target_reads": reads, "helpers": h_count,
+                        row = {"environment": env, "mdts": mdts, "target_workers": workers, "target_reads": reads,
+                               "helpers": h_count,
                                "queues_per_helper": args.queues, "io_threads": args.io_threads, "into": args.into,
                                "python_load_switch_interval_s": interval,
                                "python_load_loops_per_s": round(loops, 1) if interval is not None else None,
