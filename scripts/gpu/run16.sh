@@ -168,16 +168,15 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # native frames (the checksum, the interpreter, libc), 12 helpers of 2 queues, 8 target workers
     N) PYSPY_ARGS="--native" RESTORE_ARGS="--gb 8 --helpers 12 --queues 2 --target-workers 8" \
          $v restore-path $R/N ;;
-    # issue 15's gates on this host, as they stand: the restore path over 16 GB into GPU memory (12 helpers of 2
-    # queues, 8 target workers, splice and copy reads; run 16 on an H200: 13.85 / 11.80 GB/s, helpers 0.72 / 0.63
-    # core-s/GB, ceilings 13.3 / 20.2; the save path with 1, 2 and 4 writer processes, item 5), and the restart at 32k
-    # and 100k tokens (run 13: 0.355x / 0.197x of the
-    # prefill, gates 0.25x / 0.15x; the cold pass +4.1% at 32k, gate 3%)
-    E) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
---save-processes 1,2,4" $v restore-path $R/E ;;
     # t without the no-connector arm (cpu-offload restores nothing there in runs 7 and 8, so it stands near it), ~7 min
     F) BENCH_ARGS="--agents 16 --turns 4 --arms cpu-offload,adp --target-workers 8 --card-bytes 64G \
 --offload-bytes 64G" $v agents $R/F ;;
+    # issue 15's gates on this host, as they stand: the restore path over 16 GB into GPU memory (12 helpers of 2
+    # queues, 8 target workers, splice and copy reads; run 16 on an H200: 13.85 / 11.80 GB/s, helpers 0.72 / 0.63
+    # core-s/GB, ceilings 13.3 / 20.2; the save path with 1, 2 and 4 writer processes, item 5), and the restart at 32k
+    # and 100k tokens (run 13: 0.355x / 0.197x of the prefill, gates 0.25x / 0.15x; the cold pass +4.1% at 32k, gate 3%)
+    E) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
+--save-processes 1,2,4" $v restore-path $R/E ;;
     R) RESTART_ARGS="--lengths 32000,100000 --target-workers 8 --arms baseline,adp-cold,adp-warm" $v restart $R/R ;;
     *) echo "run16: unknown step $1" >&2; return 2 ;;
   esac
