@@ -363,7 +363,7 @@ def main(args: argparse.Namespace) -> int:
                     with Controller.connect(hc) as ctrl:
                         PageStore.format(ctrl, partitions=slots, avg_page_bytes=page)
                     scfg = StoreConfig(writer_id=b"bench-restore-w1", io_threads=args.io_threads,
-                                       heartbeat_interval_s=0, claim_settle_s=0.05, io_timeout_s=120.0)
+                                       heartbeat_interval_s=0, claim_settle_s=0.1, io_timeout_s=120.0)
                     sgroup = StoreGroup.start(Controller.connect, (hc,), scfg, arena, readers=0, writers=w_count,
                                               timeout=60)
                     try:
