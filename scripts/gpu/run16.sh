@@ -27,7 +27,6 @@
 #   t  16 agents (40k-token histories, ~97 GB of KV) over equal 64 GiB budgets, three arms; T the same, cpu-offload
 #      alone with vLLM's ARC policy (eviction_policy=arc)
 #   C  16 agents (30k-token histories, 5 turns) on a 16 GiB CPU tier and a 96 GiB card: adp and cpu-offload
-#   N  the restore path over 8 GB under py-spy with native frames (where the helpers' user time goes)
 #   E  the restore path over 16 GB, splice and copy (issue 15's 20 GB/s and 0.25 core-s/GB)
 #   F  t with two arms, cpu-offload and adp
 #   R  the restart at 32k and 100k tokens, no connector, adp cold and warm (issue 15's 0.25x / 0.15x and 3%)
@@ -163,11 +162,6 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # histories, 5 turns: ~80 GB of KV; the card holds it, the 16 GiB CPU tier does not), adp against cpu-offload
     C) BENCH_ARGS="--agents 16 --history-len 30000 --turns 5 --arms adp,cpu-offload --target-workers 8 \
 --card-bytes 96G --offload-bytes 16G" $v agents $R/C ;;
-    # issue 15 item 1: where the helpers' user time goes on this host (run 16: their receive threads 0.222 user +
-    # 0.377 system core-s/GB against 0.239 in all for a bare receiver): the restore path over 8 GB under py-spy with
-    # native frames (the checksum, the interpreter, libc), 12 helpers of 2 queues, 8 target workers
-    N) PYSPY_ARGS="--native" RESTORE_ARGS="--gb 8 --helpers 12 --queues 2 --target-workers 8" \
-         $v restore-path $R/N ;;
     # t without the no-connector arm (cpu-offload restores nothing there in runs 7 and 8, so it stands near it), ~7 min
     F) BENCH_ARGS="--agents 16 --turns 4 --arms cpu-offload,adp --target-workers 8 --card-bytes 64G \
 --offload-bytes 64G" $v agents $R/F ;;
