@@ -27,6 +27,7 @@ def test_bench_restore_path_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
                  "--queues", "2", "--target-workers", "0,1", "--mdts", "128K")
     assert [(r["target_workers"], r["helpers"]) for r in rows] == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert all(r["environment"]["cpu_cores"] >= 1 and r["environment"]["kernel"] for r in rows)  # where it ran
+    assert all(r["landing_gbps"] > 0 and r["landing_receiver_cpu_s_per_gb"] > 0 for r in rows)
     assert all(r["gbps"] > 0 and r["ratio"] > 0 and r["helpers_cpu_s"] > 0 and r["bytes"] >= 40_000_000 - (256 << 10)
                for r in rows)
     assert all(r["helpers_cpu_s_per_gb"] > 0 and r["ceiling_receiver_cpu_s_per_gb"] > 0

@@ -162,6 +162,21 @@ def test_stream_ceiling_reports_both_ends_cpu() -> None:
         assert got.as_row()["ceiling_receiver_cpu_s_per_gb"] == round(got.receiver_cpu_s_per_gb, 3)
 
 
+def test_stream_landing_across_memory_reports_cpu_and_refuses_a_region_too_small() -> None:
+    """Receivers that land their chunks across a region (as restores land pages across staging) report the same
+    fields; a region under one chunk per stream, or a landing region for writes, is refused before any stream."""
+    from adp_testbed.bench.stream import StreamServer
+
+    with StreamServer() as s:
+        got = s.measure_cpu(2, 1 << 30, 1 << 20, "read", land_bytes=64 << 20)
+        assert got.bytes == 1 << 30 and got.gbps > 0 and 0 < got.receiver_cpu_s <= 2 * got.seconds + 0.05
+        assert set(got.as_row("landing_")) == {"landing_gbps", "landing_receiver_cpu_s_per_gb",
+                                               "landing_sender_cpu_s_per_gb"}
+        for bad in ({"land_bytes": (1 << 20) + 1}, {"land_bytes": 64 << 20, "mode": "write"}):
+            with pytest.raises(ValueError, match="land_bytes"):
+                s.measure_cpu(2, 1 << 30, 1 << 20, **bad)  # type: ignore[arg-type]
+
+
 def test_state_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADP_KV_STATE_DIR", str(tmp_path / "env-state"))
     assert S.state_dir() == tmp_path / "env-state" and os.path.isdir(tmp_path / "env-state")

@@ -422,6 +422,10 @@ def main(args: argparse.Namespace) -> int:
                         group.close()
                     conns = h_count * args.queues
                     ceiling = stream.measure_cpu(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read")
+                    # the same streams landing their bytes across as much memory as the staging arena, as the
+                    # helpers' receives do: what a TCP receive into staging costs at the least
+                    landing = stream.measure_cpu(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read",
+                                                 land_bytes=max(len(arena.map), conns << 20))
                     gb = n_pages * page / 1e9
                     for interval, run, (t_user, t_sys), (h_user, h_sys), r0, r1, loops, own in measured:
                         tcpu, hcpu, dt = t_user + t_sys, h_user + h_sys, run.seconds
@@ -442,6 +446,7 @@ def main(args: argparse.Namespace) -> int:
                                "driver_process_cpu_s_per_gb": round(own / gb, 3) if interval is None else None,
                                "bytes": n_pages * page,
                                "seconds": round(dt, 3), "gbps": round(gbps, 2), **ceiling.as_row(),
+                               **landing.as_row("landing_"),
                                "ratio": round(gbps / ceiling.gbps, 3), "target_cpu_s": round(tcpu, 2),
                                "helpers_cpu_s": round(hcpu, 2), "helpers_cpu_s_per_gb": round(hcpu / gb, 3),
                                "target_cpu_s_per_gb": round(tcpu / gb, 3),
@@ -473,7 +478,9 @@ def main(args: argparse.Namespace) -> int:
                                  f" driver process {row['driver_process_cpu_s_per_gb']:.3f}")
                               + ", the ceiling's "
                               f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
-                              f"{row['ceiling_sender_cpu_s_per_gb']:.3f}; helpers by thread (user+system core-s/GB) "
+                              f"{row['ceiling_sender_cpu_s_per_gb']:.3f} (landing across the staging's size: "
+                              f"{row['landing_gbps']:.1f} GB/s, receivers {row['landing_receiver_cpu_s_per_gb']:.3f})"
+                              "; helpers by thread (user+system core-s/GB) "
                               + " ".join(f"{k} {v['user'] + v['system']:.3f}"
                                          for k, v in row["helpers_by_thread_s_per_gb"].items())
                               + "; a restore's ms by phase " + " ".join(f"{k} {v:g}" for k, v in run.phase_ms.items()),

@@ -118,33 +118,48 @@ class StreamServer:
         """Aggregate GB/s of ``streams`` parallel streams moving ``total_bytes`` in all."""
         return self.measure_cpu(streams, total_bytes, chunk, mode).gbps
 
-    def measure_cpu(self, streams: int, total_bytes: int, chunk: int, mode: str = "read") -> StreamResult:
+    def measure_cpu(self, streams: int, total_bytes: int, chunk: int, mode: str = "read",
+                    land_bytes: int = 0) -> StreamResult:
         """``streams`` parallel streams moving ``total_bytes`` in all: the rate and the CPU of both ends.
 
         The client end runs here, one thread per stream, its CPU taken per thread (``time.thread_time``:
         user + system of that thread alone); the server end is the server process (all its threads, from
         /proc, clock-tick resolution). ``mode`` "read": the server sends, the threads here receive.
+
+        By default a receiving thread reuses one ``chunk`` buffer, which stays in its core's cache. With
+        ``land_bytes`` (read mode; at least ``streams * chunk``) the threads land their chunks one after another
+        across a buffer of that many bytes, faulted in before timing, as a restore lands pages across its staging
+        memory: the kernel's receive copy then writes memory that is not in cache, which costs more.
         """
+        if land_bytes and (mode != "read" or land_bytes < streams * chunk):
+            raise ValueError(f"land_bytes needs read mode and at least streams x chunk ({streams * chunk} bytes)")
         per = total_bytes // streams
+        land = memoryview(bytearray(land_bytes)) if land_bytes else None  # bytearray: zero-filled, so faulted in
+        span = (land_bytes // streams) // chunk * chunk
         ready = threading.Barrier(streams + 1)
         errors: list[BaseException] = []
         thread_cpu: list[float] = []
 
-        def run() -> None:
+        def run(i: int) -> None:
             try:
                 with socket.create_connection((self.host, self.port)) as s:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    buf = memoryview(bytearray(chunk))
+                    buf = memoryview(bytearray(chunk)) if land is None else land[i * span:(i + 1) * span]
                     ready.wait()
                     c0 = time.thread_time()
                     s.sendall(_REQ.pack(b"SEND" if mode == "read" else b"RECV", per, chunk))
                     left = per
                     if mode == "read":
+                        at = 0
                         while left:
-                            n = s.recv_into(buf[: min(chunk, left)])
+                            n = s.recv_into(buf[at:at + min(chunk, left)])
                             if not n:
                                 raise ConnectionError("stream closed early")
                             left -= n
+                            if land is not None:  # the next bytes land after these, from the start once full
+                                at += n
+                                if len(buf) - at < chunk:
+                                    at = 0
                     else:
                         while left:
                             n = min(chunk, left)
@@ -156,7 +171,7 @@ class StreamServer:
                 errors.append(e)
                 ready.abort()
 
-        threads = [threading.Thread(target=run, daemon=True) for _ in range(streams)]
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(streams)]
         for t in threads:
             t.start()
         server_pid = self._proc.pid if self._proc is not None else 0
