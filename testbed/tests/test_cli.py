@@ -162,19 +162,29 @@ def test_stream_ceiling_reports_both_ends_cpu() -> None:
         assert got.as_row()["ceiling_receiver_cpu_s_per_gb"] == round(got.receiver_cpu_s_per_gb, 3)
 
 
-def test_stream_landing_across_memory_reports_cpu_and_refuses_a_region_too_small() -> None:
-    """Receivers that land their chunks across a region (as restores land pages across staging) report the same
-    fields; a region under one chunk per stream, or a landing region for writes, is refused before any stream."""
+def test_stream_landing_fills_each_streams_share_in_order() -> None:
+    """Receivers given a region to land in (as restores land pages across staging) write their bytes one after another
+    across their own share of it and report the same fields. The control: a stream that moves less than its share
+    leaves the rest of it untouched (the bytes went where the order says, not into one reused buffer). A region under
+    one chunk per stream, or one for writes, is refused before any stream runs."""
     from adp_testbed.bench.stream import StreamServer
 
+    mib = 1 << 20
     with StreamServer() as s:
-        got = s.measure_cpu(2, 1 << 30, 1 << 20, "read", land_bytes=64 << 20)
-        assert got.bytes == 1 << 30 and got.gbps > 0 and 0 < got.receiver_cpu_s <= 2 * got.seconds + 0.05
+        whole = bytearray(8 * mib)  # two streams: 4 MiB each, 64 MiB moved by each, so every byte is written
+        got = s.measure_cpu(2, 128 * mib, mib, "read", land=memoryview(whole))
+        assert got.bytes == 128 * mib and got.gbps > 0 and 0 < got.receiver_cpu_s <= 2 * got.seconds + 0.05
         assert set(got.as_row("landing_")) == {"landing_gbps", "landing_receiver_cpu_s_per_gb",
                                                "landing_sender_cpu_s_per_gb"}
-        for bad in ({"land_bytes": (1 << 20) + 1}, {"land_bytes": 64 << 20, "mode": "write"}):
-            with pytest.raises(ValueError, match="land_bytes"):
-                s.measure_cpu(2, 1 << 30, 1 << 20, **bad)  # type: ignore[arg-type]
+        assert whole == b"\xa5" * len(whole)
+        part = bytearray(16 * mib)  # two streams of 3 MiB: each fills the first 3 of its 8 MiB
+        s.measure_cpu(2, 6 * mib, mib, "read", land=memoryview(part))
+        for i in range(2):
+            share = part[i * 8 * mib:(i + 1) * 8 * mib]
+            assert share[:3 * mib] == b"\xa5" * (3 * mib) and share[3 * mib:] == bytes(5 * mib)
+        for bad in ({"land": memoryview(bytearray(mib + 1))}, {"land": memoryview(whole), "mode": "write"}):
+            with pytest.raises(ValueError, match="land needs"):
+                s.measure_cpu(2, 128 * mib, mib, **bad)  # type: ignore[arg-type]
 
 
 def test_state_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

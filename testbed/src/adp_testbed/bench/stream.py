@@ -34,7 +34,7 @@ def _serve_conn(conn: socket.socket) -> None:
                 return
             got += n
         mode, total, chunk = _REQ.unpack(hdr)
-        buf = memoryview(bytearray(chunk))
+        buf = memoryview(bytearray(b"\xa5") * chunk)  # not zeros: a receiver's landing region shows what arrived
         left = total
         if mode == b"SEND":
             while left:
@@ -119,23 +119,23 @@ class StreamServer:
         return self.measure_cpu(streams, total_bytes, chunk, mode).gbps
 
     def measure_cpu(self, streams: int, total_bytes: int, chunk: int, mode: str = "read",
-                    land_bytes: int = 0) -> StreamResult:
+                    land: memoryview | None = None) -> StreamResult:
         """``streams`` parallel streams moving ``total_bytes`` in all: the rate and the CPU of both ends.
 
         The client end runs here, one thread per stream, its CPU taken per thread (``time.thread_time``:
         user + system of that thread alone); the server end is the server process (all its threads, from
         /proc, clock-tick resolution). ``mode`` "read": the server sends, the threads here receive.
 
-        By default a receiving thread reuses one ``chunk`` buffer, which stays in its core's cache. With
-        ``land_bytes`` (read mode; at least ``streams * chunk``) the threads land their chunks one after another
-        across a buffer of that many bytes, faulted in before timing, as a restore lands pages across its staging
-        memory: the kernel's receive copy then writes memory that is not in cache, which costs more.
+        By default a receiving thread reuses one ``chunk`` buffer, which stays in its core's cache. With ``land``
+        (read mode; a writable buffer of at least ``streams * chunk`` bytes, faulted in by the caller) each thread
+        lands its bytes one after another across its own share of it, from the start again once full, as a restore
+        lands pages across its staging memory: the kernel's receive copy then writes memory that is not in cache,
+        which costs more.
         """
-        if land_bytes and (mode != "read" or land_bytes < streams * chunk):
-            raise ValueError(f"land_bytes needs read mode and at least streams x chunk ({streams * chunk} bytes)")
+        if land is not None and (mode != "read" or len(land) < streams * chunk):
+            raise ValueError(f"land needs read mode and at least streams x chunk ({streams * chunk} bytes)")
         per = total_bytes // streams
-        land = memoryview(bytearray(land_bytes)) if land_bytes else None  # bytearray: zero-filled, so faulted in
-        span = (land_bytes // streams) // chunk * chunk
+        span = (len(land) // streams) // chunk * chunk if land is not None else 0
         ready = threading.Barrier(streams + 1)
         errors: list[BaseException] = []
         thread_cpu: list[float] = []
