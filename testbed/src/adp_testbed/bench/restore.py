@@ -430,11 +430,12 @@ def main(args: argparse.Namespace) -> int:
                     finally:
                         group.close()
                     conns = h_count * args.queues
-                    ceiling = stream.measure_cpu(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read")
+                    moved, chunk = max(1 << 30, conns * (64 << 20)), 1 << 20
+                    ceiling = stream.measure_cpu(conns, moved, chunk, "read")
                     # the same streams landing their bytes across the staging arena itself (idle now), as the
                     # helpers' receives do: what a TCP receive into staging costs at the least
-                    landing = stream.measure_cpu(conns, max(1 << 30, conns * (64 << 20)), 1 << 20, "read",
-                                                 land=staging_landing(arena.map, conns, 1 << 20))
+                    landing = stream.measure_cpu(conns, moved, chunk, "read",
+                                                 land=staging_landing(arena.map, conns, chunk))
                     gb = n_pages * page / 1e9
                     for interval, run, (t_user, t_sys), (h_user, h_sys), r0, r1, loops, own in measured:
                         tcpu, hcpu, dt = t_user + t_sys, h_user + h_sys, run.seconds
@@ -487,7 +488,7 @@ def main(args: argparse.Namespace) -> int:
                                  f" driver process {row['driver_process_cpu_s_per_gb']:.3f}")
                               + ", the ceiling's "
                               f"receivers {row['ceiling_receiver_cpu_s_per_gb']:.3f} sender "
-                              f"{row['ceiling_sender_cpu_s_per_gb']:.3f} (landing across the staging's size: "
+                              f"{row['ceiling_sender_cpu_s_per_gb']:.3f} (landing across the staging: "
                               f"{row['landing_gbps']:.1f} GB/s, receivers {row['landing_receiver_cpu_s_per_gb']:.3f})"
                               "; helpers by thread (user+system core-s/GB) "
                               + " ".join(f"{k} {v['user'] + v['system']:.3f}"
