@@ -152,13 +152,13 @@ class StreamServer:
                     if mode == "read":
                         at = 0
                         while left:
-                            n = s.recv_into(buf[at:at + min(chunk, left)])
+                            n = s.recv_into(buf[at:at + min(chunk, left, len(buf) - at)])
                             if not n:
                                 raise ConnectionError("stream closed early")
                             left -= n
                             if land is not None:  # the next bytes land after these, from the start once full
                                 at += n
-                                if len(buf) - at < chunk:
+                                if at == len(buf):
                                     at = 0
                     else:
                         while left:
