@@ -29,6 +29,8 @@
 #   C  16 agents (30k-token histories, 5 turns) on a 16 GiB CPU tier and a 96 GiB card: adp and cpu-offload
 #   E  the restore path over 16 GB, splice and copy (issue 15's 20 GB/s and 0.25 core-s/GB)
 #   F  t with two arms, cpu-offload and adp
+#   G  C with 6 turns and all three arms (C's cold first turn weighs less; the gate asks for the no-connector arm)
+#   L  the restore path over 16 GB at 8, 12 and 16 helpers, splice reads: the landing across staging on this host
 #   R  the restart at 32k and 100k tokens, no connector, adp cold and warm (issue 15's 0.25x / 0.15x and 3%)
 #   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
 #      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
@@ -162,6 +164,14 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # histories, 5 turns: ~80 GB of KV; the card holds it, the 16 GiB CPU tier does not), adp against cpu-offload
     C) BENCH_ARGS="--agents 16 --history-len 30000 --turns 5 --arms adp,cpu-offload --target-workers 8 \
 --card-bytes 96G --offload-bytes 16G" $v agents $R/C ;;
+    # C with a sixth turn and the no-connector arm: run 28's C spent 17 s per agent in its cold first turn in both
+    # arms, then ~9 s (adp) against ~24 s (cpu-offload) a turn; ~14 min on a warm machine
+    G) BENCH_ARGS="--agents 16 --history-len 30000 --turns 6 --arms adp,cpu-offload,baseline --target-workers 8 \
+--card-bytes 96G --offload-bytes 16G" $v agents $R/G ;;
+    # the restore path's helpers against the same streams landing across the staging arena (landing_* in each row:
+    # what the kernel's receive copy into cold host memory costs here, the floor of any TCP client), ~2 min
+    L) RESTORE_ARGS="--gb 16 --helpers 8,12,16 --queues 2 --target-workers 8 --target-reads splice" \
+         $v restore-path $R/L ;;
     # t without the no-connector arm (cpu-offload restores nothing there in runs 7 and 8, so it stands near it), ~7 min
     F) BENCH_ARGS="--agents 16 --turns 4 --arms cpu-offload,adp --target-workers 8 --card-bytes 64G \
 --offload-bytes 64G" $v agents $R/F ;;
