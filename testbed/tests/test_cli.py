@@ -187,6 +187,32 @@ def test_stream_landing_fills_each_streams_share_in_order() -> None:
                 s.measure_cpu(2, 128 * mib, mib, **bad)  # type: ignore[arg-type]
 
 
+def test_stream_landing_short_receives_fill_the_whole_share() -> None:
+    """A socket that returns short receives (as a busy host's does) still fills every byte of the share, the tail
+    under one chunk included (CI once saw it left unwritten), and a stream without ``advance`` reuses the start."""
+    from adp_testbed.bench.stream import receive
+
+    class ShortReads:  # hands out 0xA5 in receives of at most 300 KiB
+        def __init__(self, total: int) -> None:
+            self.left = total
+
+        def recv_into(self, view: memoryview) -> int:
+            n = min(len(view), 300 << 10, self.left)
+            view[:n] = b"\xa5" * n
+            self.left -= n
+            return n
+
+    mib = 1 << 20
+    share = bytearray(4 * mib)
+    receive(ShortReads(16 * mib), memoryview(share), 16 * mib, mib, True)  # type: ignore[arg-type]
+    assert share.count(0xA5) == len(share), f"first byte not landed: {share.find(bytes(1))}"
+    same = bytearray(4 * mib)
+    receive(ShortReads(16 * mib), memoryview(same), 16 * mib, mib, False)  # type: ignore[arg-type]
+    assert same[:300 << 10].count(0xA5) == 300 << 10 and same[300 << 10:].count(0) == len(same) - (300 << 10)
+    with pytest.raises(ConnectionError, match="closed early"):
+        receive(ShortReads(mib), memoryview(share), 2 * mib, mib, True)  # type: ignore[arg-type]
+
+
 def test_state_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADP_KV_STATE_DIR", str(tmp_path / "env-state"))
     assert S.state_dir() == tmp_path / "env-state" and os.path.isdir(tmp_path / "env-state")

@@ -92,6 +92,22 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def receive(sock: socket.socket, buf: memoryview, total: int, chunk: int, advance: bool) -> None:
+    """Receive ``total`` bytes from ``sock`` into ``buf``, at most ``chunk`` per call: each into the start of ``buf``,
+    or with ``advance`` one after another across it, from the start again once it is full (a short receive never
+    leaves a tail of ``buf`` unwritten)."""
+    at, left = 0, total
+    while left:
+        n = sock.recv_into(buf[at:at + min(chunk, left, len(buf) - at)])
+        if not n:
+            raise ConnectionError("stream closed early")
+        left -= n
+        if advance:
+            at += n
+            if at == len(buf):
+                at = 0
+
+
 class StreamServer:
     """Runs the stream server in a child process for the duration of a ``with`` block."""
 
@@ -150,16 +166,7 @@ class StreamServer:
                     s.sendall(_REQ.pack(b"SEND" if mode == "read" else b"RECV", per, chunk))
                     left = per
                     if mode == "read":
-                        at = 0
-                        while left:
-                            n = s.recv_into(buf[at:at + min(chunk, left, len(buf) - at)])
-                            if not n:
-                                raise ConnectionError("stream closed early")
-                            left -= n
-                            if land is not None:  # the next bytes land after these, from the start once full
-                                at += n
-                                if at == len(buf):
-                                    at = 0
+                        receive(s, buf, per, chunk, land is not None)
                     else:
                         while left:
                             n = min(chunk, left)
