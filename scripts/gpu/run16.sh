@@ -31,6 +31,9 @@
 #   F  t with two arms, cpu-offload and adp
 #   G  C with 6 turns and all three arms (C's cold first turn weighs less; the gate asks for the no-connector arm)
 #   L  the restore path over 16 GB at 8, 12 and 16 helpers, splice reads: the landing across staging on this host
+#   H  8 agents at 64k-token histories (~73 GB of KV, over the equal 64 GiB budgets), three arms: the equal-budget
+#      gate's 8-agent point at a shape whose ceiling is above 3x (40k histories: 21.8 / 8.3 = 2.6x with no eviction)
+#   K  the sweep with 16k-token documents to 128 users (8k documents: a restore saves a third of a prefill)
 #   R  the restart at 32k and 100k tokens, no connector, adp cold and warm (issue 15's 0.25x / 0.15x and 3%)
 #   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
 #      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
@@ -172,6 +175,14 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # what the kernel's receive copy into cold host memory costs here, the floor of any TCP client), ~2 min
     L) RESTORE_ARGS="--gb 16 --helpers 8,12,16 --queues 2 --target-workers 8 --target-reads splice" \
          $v restore-path $R/L ;;
+    # issue 14's equal-budget gate at 8 agents with histories long enough that a perfect cache could give 3x (a
+    # recompute grows faster with the history than a decode does); ~10 min (an estimate)
+    H) MODEL_LEN=82000 BENCH_ARGS="--agents 8 --history-len 64000 --turns 4 --max-model-len 80000 \
+--arms baseline,cpu-offload,adp --target-workers 8 --card-bytes 64G --offload-bytes 64G" $v agents $R/H ;;
+    # issue 14's sweep with 16k-token documents (16 of them, ~34 GB, on a 96 GiB card), 2 requests per user to keep the
+    # baseline's top point near 4 min; ~12 min (an estimate)
+    K) BENCH_ARGS="--users 1,16,64,128 --requests-per-user 2 --contexts 16 --context-len 16000 --arms baseline,adp \
+--target-workers 8 --card-bytes 96G" $v sweep $R/K ;;
     # t without the no-connector arm (cpu-offload restores nothing there in runs 7 and 8, so it stands near it), ~7 min
     F) BENCH_ARGS="--agents 16 --turns 4 --arms cpu-offload,adp --target-workers 8 --card-bytes 64G \
 --offload-bytes 64G" $v agents $R/F ;;
