@@ -201,6 +201,23 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         ([*sd, "up", "--port", "0", "--timeout", "inf"], "positive, finite"),
         ([*sd, "up", "--port", "0", "--capacity", "64T"], "does not fit in RAM"),
         ([*sd, "up", "--backend", "kernel", "--overcommit"], "--overcommit is for the userspace target"),
+        # counts and lengths below what a run can use stop at parse time (they used to start engines, then fail an
+        # arm with an IndexError, or crash: --slabs 0, --queues 0, --page-size 0)
+        (["bench", "agents", "--agents", "4,0"], "0 is outside [1,"),
+        (["bench", "agents", "--history-len", "-5"], "-5 is outside [1,"),
+        (["bench", "agents", "--turns", "0"], "0 is outside [1,"),
+        (["bench", "agents", "--speed-floor", "-1"], "finite number >= 0"),
+        (["bench", "sweep", "--users", "0"], "0 is outside [1,"),
+        (["bench", "sweep", "--context-len", "0"], "0 is outside [1,"),
+        (["bench", "sweep", "--suffix-len", "-1"], "-1 is outside [0,"),
+        (["bench", "sweep", "--requests-per-user", "0"], "0 is outside [1,"),
+        (["bench", "restart", "--prompts", "0"], "0 is outside [1,"),
+        (["bench", "restore-path", "--gb", "0"], "positive, finite number"),
+        (["bench", "restore-path", "--slabs", "0"], "0 is outside [1,"),
+        (["bench", "restore-path", "--queues", "0"], "0 is outside [1,"),
+        (["bench", "restore-path", "--page-size", "0"], "must be a positive size"),
+        (["bench", "store", "--page-size", "0"], "must be a positive size"),
+        (["verify", "--prompts", "0"], "0 is outside [1,"),
     ]
 
 

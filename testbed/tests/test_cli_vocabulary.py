@@ -216,6 +216,7 @@ def test_verify_prints_text_unless_json_is_asked(monkeypatch: pytest.MonkeyPatch
 
     verdict = {"family": "dense", "ok": True, "runnable": True, "pages_compared": 4, "totals": {"a": 1}}
     monkeypatch.setattr(verify, "run", lambda args: dict(verdict))
+    monkeypatch.setattr(verify, "_vllm_importable", lambda: True)  # it runs here (not again under .venv-vllm)
     assert main(["verify"]) == 0
     out = capsys.readouterr().out
     assert "pages_compared" in out and out.rstrip().endswith("RESULT: PASS")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+import pytest
+
+from adp_testbed import options as O
 from adp_testbed import verify
 
 
@@ -79,3 +83,44 @@ def test_connector_opts_are_checked_before_any_engine_starts(tmp_path: object) -
     bad = _parse("--family", "dense", "--connector-opt", "staging_mb=lots", "--workdir", str(tmp_path))
     with pytest.raises(O.UsageError, match=r"--connector-opt: .*staging_mb"):
         verify.run(bad)
+
+
+def _interpreter(path: Path, finds_both: bool, record: Path) -> str:
+    """A stand-in for an interpreter: answers the check for vllm and adp_testbed, then records the command line it
+    was asked to run and exits 7."""
+    path.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then exit {0 if finds_both else 3}; fi\n"
+                    f"echo \"$@\" > {record}\necho \"$ADP_KV_VERIFY_UNDER_VLLM_PYTHON\" >> {record}\nexit 7\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_verify_without_vllm_runs_again_under_the_vllm_interpreter(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`.venv/bin/testbed verify` (no vLLM there) runs the same command line under the vLLM interpreter and exits with
+    its status, instead of failing its verdict on an import. Controls: an interpreter without vLLM, and the run under
+    the vLLM interpreter finding none either, are one-line usage errors; with vLLM importable it runs in place."""
+    from adp_testbed import cli
+
+    record = tmp_path / "argv.txt"
+    good = _interpreter(tmp_path / "vllm-python", True, record)
+    monkeypatch.setattr(verify, "_vllm_importable", lambda: False)
+    monkeypatch.delenv("ADP_KV_VERIFY_UNDER_VLLM_PYTHON", raising=False)
+    argv = ["verify", "--family", "dense", "--prompts", "1", "--vllm-python", good]
+    assert cli.main(argv) == 7
+    assert record.read_text().splitlines() == [f"-m adp_testbed.cli {' '.join(argv)}", good]
+    assert cli.main(["verify", "--vllm-python", _interpreter(tmp_path / "plain-python", False, record)]) == 2
+    monkeypatch.setenv("ADP_KV_VERIFY_UNDER_VLLM_PYTHON", good)
+    with pytest.raises(O.UsageError, match="has none either"):
+        verify._run_under_vllm_python(_parse("--vllm-python", good))
+    monkeypatch.setattr(verify, "_vllm_importable", lambda: True)
+    assert verify._run_under_vllm_python(_parse("--vllm-python", good)) is None
+
+
+@pytest.mark.parametrize("option", ["--prompts", "--prompt-len", "--max-tokens", "--block-size"])
+def test_verify_counts_below_one_are_refused_at_parse_time(option: str) -> None:
+    p = O.OneLineParser(prog="testbed verify")
+    verify.add_arguments(p)
+    with pytest.raises(SystemExit) as e:
+        p.parse_args([option, "0"])
+    assert e.value.code == 2
+    assert getattr(p.parse_args([option, "1"]), option[2:].replace("-", "_")) == 1  # control: 1 is taken

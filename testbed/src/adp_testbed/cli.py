@@ -382,6 +382,7 @@ def version() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Exit statuses: :data:`adp_testbed.options.EXIT_CODES` (0 ok, 1 failed check, 2 usage, 3 crash, 130)."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for a command that reruns itself
     try:
         O.resolve_target(args)
         if O.json_to_stdout(args):  # stdout holds the JSON document only; everything else goes to stderr

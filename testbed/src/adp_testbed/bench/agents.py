@@ -15,18 +15,20 @@ import threading
 import time
 from typing import Any
 
+from .. import options as O
 from . import common as C
 from .traffic import Client, Progress, Result, summary, tokens
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     C.add_common_arguments(p)
-    p.add_argument("--agents", type=C.int_list, dest="agent_counts", help="comma-separated agent counts (1,4,8,16)")
-    p.add_argument("--history-len", type=int, help="tokens of each agent's initial history")
-    p.add_argument("--turn-tokens", type=int, help="new tokens appended per turn (besides the output)")
-    p.add_argument("--turns", type=int, help="requests per agent")
-    p.add_argument("--max-tokens", type=int, help="tokens generated per request")
-    p.add_argument("--speed-floor", type=float, dest="speed_floor_tps", help="tokens/s a request should reach")
+    p.add_argument("--agents", type=C.COUNTS, dest="agent_counts", help="comma-separated agent counts (1,4,8,16)")
+    p.add_argument("--history-len", type=C.TOKENS, help="tokens of each agent's initial history")
+    p.add_argument("--turn-tokens", type=C.SOME_TOKENS, help="new tokens appended per turn (besides the output)")
+    p.add_argument("--turns", type=O.int_in(1, 1_000_000), help="requests per agent")
+    p.add_argument("--max-tokens", type=C.TOKENS, help="tokens generated per request")
+    p.add_argument("--speed-floor", type=O.non_negative_number, dest="speed_floor_tps",
+                   help="tokens/s a request should reach")
 
 
 def _agent(client: Client, history: list[int], key: str, prm: dict[str, Any], t0: float, bar: Progress) -> list[Result]:

@@ -98,8 +98,9 @@ def connector_opt(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
-def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+COUNTS = O.list_of(O.int_in(1, 1_000_000), "positive integers")  # agent / user counts
+TOKENS = O.int_in(1, 1 << 24)  # a length in tokens
+SOME_TOKENS = O.int_in(0, 1 << 24)  # a length in tokens that may be 0
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ SETTLE_S = 1.5  # after a phase: let counters reach /metrics and the connector's
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     C.add_common_arguments(p)
-    p.add_argument("--prompts", type=int, help="independent prompts")
-    p.add_argument("--prompt-len", type=int, help="tokens per prompt")
-    p.add_argument("--max-tokens", type=int, help="greedy tokens generated per prompt")
+    p.add_argument("--prompts", type=O.int_in(1, 1_000_000), help="independent prompts")
+    p.add_argument("--prompt-len", type=C.TOKENS, help="tokens per prompt")
+    p.add_argument("--max-tokens", type=C.TOKENS, help="greedy tokens generated per prompt")
     p.add_argument("--corrupt-card", action="store_true",
                    help="negative control: between the cold and warm phases flip payload bytes of every page stored "
                         "on the local emulator (never a card at --target); the acceptance must then fail")

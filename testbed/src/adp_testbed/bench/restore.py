@@ -47,22 +47,22 @@ from adp_connector.store.process import SharedArena, StoreGroup, StoreProcess
 
 from .. import options as O
 from ..hostinfo import host_info
-from ..sizes import parse_size
+from ..sizes import parse_size, positive_size
 from ..targets import LocalTarget, refuse_to_overwrite_file
 from .stream import StreamServer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gb", type=float, default=1.0, help="GB of pages saved, then restored at every point")
-    p.add_argument("--page-size", type=parse_size, default=parse_size("2M"), help="bytes per page")
+    p.add_argument("--gb", type=O.positive_number, default=1.0, help="GB of pages saved, then restored at every point")
+    p.add_argument("--page-size", type=positive_size, default=parse_size("2M"), help="bytes per page")
     p.add_argument("--helpers", default="1,2,4", help="comma-separated helper-process counts (load_processes)")
     p.add_argument("--save-processes", default="1",
                    help="comma-separated writer-helper counts for the save phase (save_processes); the card is "
                         "formatted before each, the restores read what the last one saved")
-    p.add_argument("--queues", type=int, default=4, help="NVMe/TCP I/O queues per helper")
-    p.add_argument("--io-threads", type=int, default=4, help="concurrent batches per helper")
-    p.add_argument("--batch-mb", type=int, default=64, help="MiB per load batch (one staging slab)")
-    p.add_argument("--slabs", type=int, default=32, help="batches in flight (staging = slabs x batch)")
+    p.add_argument("--queues", type=O.int_in(1, 128), default=4, help="NVMe/TCP I/O queues per helper")
+    p.add_argument("--io-threads", type=O.int_in(1, 256), default=4, help="concurrent batches per helper")
+    p.add_argument("--batch-mb", type=O.int_in(1, 1 << 16), default=64, help="MiB per load batch (one staging slab)")
+    p.add_argument("--slabs", type=O.int_in(1, 1 << 16), default=32, help="batches in flight (staging = slabs x batch)")
     p.add_argument("--target-workers", default="0", help="emulator I/O worker processes, comma-separated")
     p.add_argument("--mdts", default="1M", help="emulator MDTS, comma-separated for several targets")
     p.add_argument("--target-reads", type=O.choice_list(("splice", "copy")), default=["splice"],

@@ -7,12 +7,12 @@ import argparse
 from adp_connector.store.bench import run_benchmark
 
 from .. import options as O
-from ..sizes import format_size, parse_size, size_list
+from ..sizes import format_size, parse_size, positive_size, size_list
 from ..targets import LocalTarget, connect_existing, refuse_to_destroy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--page-size", type=parse_size, default=parse_size("2M"), help="bytes per KV page")
+    p.add_argument("--page-size", type=positive_size, default=parse_size("2M"), help="bytes per KV page")
     p.add_argument("--pages", type=O.int_in(1, 1 << 20), default=64)
     p.add_argument("--batch", type=O.int_in(1, 4096), default=16, help="pages per save/load batch")
     p.add_argument("--queues", type=O.int_in(1, 128), default=4)
@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
         results.append(_one(host, int(port), args.nqn, args, external=True))
     else:
         for mdts in args.mdts:
-            need = args.page_size * args.pages * 3 + (256 << 20)
+            need = -(-(args.page_size * args.pages * 3) // 4096) * 4096 + (256 << 20)  # whole 4 KiB blocks
             with LocalTarget(capacity=need, mdts=mdts) as t:
                 results.append(_one(t.traddr, t.trsvcid, t.subnqn, args))
     for r in results:

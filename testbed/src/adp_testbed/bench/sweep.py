@@ -14,6 +14,7 @@ import random
 import time
 from typing import Any
 
+from .. import options as O
 from . import common as C
 from . import serve as SV
 from .traffic import Client, Progress, Result, run_concurrent, summary, tokens
@@ -21,12 +22,12 @@ from .traffic import Client, Progress, Result, run_concurrent, summary, tokens
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     C.add_common_arguments(p)
-    p.add_argument("--users", type=C.int_list, help="comma-separated concurrent user counts (1,8,32,...,300)")
-    p.add_argument("--requests-per-user", type=int)
-    p.add_argument("--contexts", type=int, help="shared documents in the pool")
-    p.add_argument("--context-len", type=int, help="tokens per document")
-    p.add_argument("--suffix-len", type=int, help="unique tokens per request after the document")
-    p.add_argument("--max-tokens", type=int, help="tokens generated per request")
+    p.add_argument("--users", type=C.COUNTS, help="comma-separated concurrent user counts (1,8,32,...,300)")
+    p.add_argument("--requests-per-user", type=O.int_in(1, 1_000_000))
+    p.add_argument("--contexts", type=O.int_in(1, 1_000_000), help="shared documents in the pool")
+    p.add_argument("--context-len", type=C.TOKENS, help="tokens per document")
+    p.add_argument("--suffix-len", type=C.SOME_TOKENS, help="unique tokens per request after the document")
+    p.add_argument("--max-tokens", type=C.TOKENS, help="tokens generated per request")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", default=None,
                    help="do not send every document once before the points")
 
