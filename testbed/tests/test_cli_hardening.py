@@ -217,6 +217,7 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["bench", "restore-path", "--queues", "0"], "0 is outside [1,"),
         (["bench", "restore-path", "--page-size", "0"], "must be a positive size"),
         (["bench", "store", "--page-size", "0"], "must be a positive size"),
+        (["bench", "datapath", "--working-set", "0"], "must be a positive size"),
         (["verify", "--prompts", "0"], "0 is outside [1,"),
     ]
 

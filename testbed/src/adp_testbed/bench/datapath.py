@@ -31,7 +31,7 @@ from typing import Any
 from adp_connector.nvmeof.host import Controller
 
 from .. import options as O
-from ..sizes import format_size, parse_size, size_list
+from ..sizes import format_size, parse_size, positive_size, size_list
 from ..targets import LocalTarget, connect_existing, refuse_to_destroy
 from .restore import cpu_seconds
 from .stream import StreamServer
@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patterns", type=O.choice_list(PATTERNS), help="seq,rand")
     p.add_argument("--ops", type=O.choice_list(OPS), help="read,write")
     p.add_argument("--seconds", type=O.seconds, help="time per point")
-    p.add_argument("--working-set", type=parse_size, default=parse_size("256M"), help="bytes of the namespace used")
+    p.add_argument("--working-set", type=positive_size, default=parse_size("256M"), help="bytes of the namespace used")
     p.add_argument("--mdts", type=size_list, default=size_list("128K"),
                    help="emulator MDTS, comma-separated for several targets (local only)")
     O.add_target_options(p, "ADDR:PORT of an existing target (a real card), the connector's traddr:trsvcid, "
