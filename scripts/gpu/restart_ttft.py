@@ -11,6 +11,9 @@ The target is started here (userspace, ``/dev/shm`` backing, formatted with 2 wr
 hold the whole run). Results go to ``DIR/restart.json`` after every phase (a partial run still reports).
 ``--decode-tokens`` adds, in every arm, the decode speed of one long prompt (after its prefill/restore, timed on its
 own): the connector's cost per decode step, with new blocks being saved meanwhile (adp-cold).
+Each connector arm's rows carry what the connector counted for that prompt (``connector``: its restore's phases in
+``load_phase_s_*``, bytes, lookups, hook time), from its running totals (``stats_path``): vLLM 0.26's ``LLM`` class
+drops the counters of engine steps without outputs, so ``metrics`` misses them there.
 """
 
 from __future__ import annotations
@@ -85,6 +88,15 @@ def dry_run_plan(shape: str, tp: int, lengths: list[int], kv_cache_gb: float, gp
         "problems": problems}
 
 
+def connector_totals(stats_dir: str | None) -> dict[str, float]:
+    """The connector's running totals (its ``stats_path`` files, scheduler and workers summed); {} without any."""
+    tot: dict[str, float] = {}
+    for f in Path(stats_dir).glob("stats-*.json") if stats_dir else []:
+        for k, v in json.loads(f.read_text()).items():
+            tot[k] = tot.get(k, 0) + v
+    return tot
+
+
 def engine_main(spec_path: str) -> None:
     """One engine launch: run each prompt alone, record TTFT and cached tokens."""
     from vllm import LLM, SamplingParams
@@ -106,12 +118,21 @@ def engine_main(spec_path: str) -> None:
     warm = [random.Random(7).randrange(1000, 30000) for _ in range(1024)]
     llm.generate([TokensPrompt(prompt_token_ids=warm)], sp, use_tqdm=False)  # kernels, allocator
     rows = []
+    stats_dir = spec.get("stats_path")
+    time.sleep(0.2 if stats_dir else 0)  # the warm-up's totals reach the files
+    before = connector_totals(stats_dir)
     for p in spec["prompts"]:
         t = time.monotonic()
         out = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
         dt = time.monotonic() - t
         rows.append({"tokens": len(p), "ttft_s": round(dt, 4), "num_cached": out.num_cached_tokens,
                      "first_token": list(out.outputs[0].token_ids)})
+        if stats_dir:  # what the connector counted for this prompt (its restore's phases, lookups, hook time)
+            time.sleep(0.2)  # outside the timed call: the last step's totals reach the files
+            now = connector_totals(stats_dir)
+            rows[-1]["connector"] = {k: round(v - before.get(k, 0), 4) for k, v in sorted(now.items())
+                                     if v != before.get(k, 0)}
+            before = now
         print(f"[{spec['tag']}] {len(p)} tokens: {dt:.3f} s, cached {out.num_cached_tokens}", flush=True)
         Path(spec["result"]).write_text(json.dumps({"start_s": start_s, "rows": rows, "partial": True}))
         if spec.get("drain_s_per_gb"):  # let this prompt's saves reach the card before the next one is timed
@@ -290,11 +311,11 @@ def main() -> None:
                 if tgt is None:
                     tgt = start_target(a.port, a.capacity, card, out, want, mdts=a.mdts)
                     tgt_workers = want
-                spec["connector"] = connector
+                stats = str(out / f"stats-{arm}")  # the connector's totals per prompt (0.26's LLM drops them)
+                spec["connector"] = dict(connector, kv_connector_extra_config={
+                    **connector["kv_connector_extra_config"], **extra, "stats_path": stats})
+                spec["stats_path"] = stats
                 spec["target_workers"] = tgt_workers
-                if extra:
-                    spec["connector"] = dict(connector, kv_connector_extra_config={
-                        **connector["kv_connector_extra_config"], **extra})
             if arm == "adp-cold":
                 spec["drain_s_per_gb"] = 0.5
             t = time.monotonic()
@@ -320,6 +341,10 @@ def main() -> None:
             print(f"{b['tokens']:>7} tokens: baseline {b['ttft_s']:.2f} s, {warm} {w['ttft_s']:.2f} s "
                   f"({w['ttft_s'] / b['ttft_s']:.2f}x), restored {w['num_cached']} tokens = {gb:.1f} GB "
                   f"-> {w['num_cached'] * kv_per_token / 1e9 / w['ttft_s']:.1f} GB/s end to end")
+            phases = {k.removeprefix("load_phase_s_"): v for k, v in w.get("connector", {}).items()
+                      if k.startswith("load_phase_s_")}
+            if phases:  # where the restore's time went (the rest of the TTFT: lookup, scheduling, the last tokens)
+                print("         restore phases (s): " + " ".join(f"{k} {v:.3f}" for k, v in phases.items()))
     dec = {k: v.get("decode") for k, v in arms.items() if v.get("decode")}
     if "baseline" in dec:
         for k, d in dec.items():

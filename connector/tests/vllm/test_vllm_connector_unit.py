@@ -6,8 +6,10 @@ the userspace target are real. Seconds, not minutes: the engine-level behaviour 
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -759,6 +761,37 @@ def test_hook_time_alone_is_reported_at_most_every_interval(monkeypatch: pytest.
         worker.shutdown()
         sched.shutdown()
         tgt.stop()
+
+
+def test_stats_path_keeps_the_counters_totals_without_page_digests(tmp_path: Path) -> None:
+    """``stats_path``: each half writes its running totals there as they are reported (a run whose vLLM drops the
+    counters of steps without outputs reads them from the file), replaced whole, and no page digests. Control: the
+    same halves without it report the same way and keep no totals file."""
+    stats = tmp_path / "stats"
+    tgt, sched, worker = _target_and_halves(io_process=False, stats_path=str(stats))
+    try:
+        worker.counters.add(loads=2, load_phase_s_io=0.25)
+        assert worker.get_kv_connector_stats() is not None
+        worker.counters.add(loads=1)
+        assert worker.get_kv_connector_stats() is not None
+        files = sorted(p.name for p in stats.iterdir())
+        assert files == [f"stats-worker-{os.getpid()}.json"], files  # no pages-*.jsonl, no .tmp left behind
+        totals = json.loads((stats / files[0]).read_text())
+        assert totals["loads"] == 3 and totals["load_phase_s_io"] == 0.25
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+    assert {p.name for p in stats.iterdir()} == {f"stats-{r}-{os.getpid()}.json" for r in ("scheduler", "worker")}
+    tgt, sched, worker = _target_and_halves(io_process=False)
+    try:
+        worker.counters.add(loads=1)
+        assert worker.get_kv_connector_stats() is not None and worker.cfg.stats_path is None and worker.audit is None
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+        tgt.stop()
+    assert json.loads((stats / files[0]).read_text())["loads"] == 3  # the file of the first halves only
 
 
 @native_contract

@@ -5,7 +5,7 @@ Torch is the only dependency above the store; ``adp_connector.vllm`` drives thes
 ``testbed bench restore-path`` drives :class:`RestorePipeline` directly.
 """
 
-from .audit import PageAudit
+from .audit import PageAudit, write_totals
 from .counters import Counters
 from .pages import PagedKV, PageSink
 from .restore import Cause, LoadChunk, LoadJob, RestorePipeline, failure_counter
@@ -28,4 +28,5 @@ __all__ = [
            "SavePipeline",
            "StagingPool",
            "failure_counter",
+           "write_totals",
 ]

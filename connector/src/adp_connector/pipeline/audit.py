@@ -1,7 +1,8 @@
 """Acceptance audit: the digest of every saved and restored page, and the counters' totals, as files.
 
 ``pages-<pid>.jsonl`` (one JSON object per page: op, group, key, sha256, bytes) and ``stats-<role>-<pid>.json``
-in ``path``; ``testbed verify`` and the engine tests compare them.
+in ``path``; ``testbed verify`` and the engine tests compare them. :func:`write_totals` alone keeps the totals (the
+connector's ``stats_path``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ class PageAudit:
                 f.write("\n".join(lines) + "\n")
 
     def write_totals(self, totals: dict[str, float]) -> None:
-        """The counters' running totals, replaced whole: a reader never sees a half-written file (an engine
-        stopped mid-write left an empty one)."""
-        os.makedirs(self.path, exist_ok=True)
-        path = os.path.join(self.path, f"stats-{self.role}-{os.getpid()}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(totals, f)
-        os.replace(path + ".tmp", path)
+        write_totals(self.path, self.role, totals)
+
+
+def write_totals(path: str, role: str, totals: dict[str, float]) -> None:
+    """The counters' running totals as ``stats-<role>-<pid>.json`` under ``path``, replaced whole: a reader never
+    sees a half-written file (an engine stopped mid-write left an empty one)."""
+    os.makedirs(path, exist_ok=True)
+    name = os.path.join(path, f"stats-{role}-{os.getpid()}.json")
+    with open(name + ".tmp", "w") as f:
+        json.dump(totals, f)
+    os.replace(name + ".tmp", name)

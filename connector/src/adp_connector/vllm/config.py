@@ -59,6 +59,7 @@ class ADPConfig:
     admission: str = "frequency"
     store_drafter_kv: bool = True
     audit_path: str | None = None
+    stats_path: str | None = None
 
 
 # name -> (accepted python types, one-line description); defaults come from ADPConfig.
@@ -141,6 +142,9 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
                          "speculation on or off, the drafter's KV of restored blocks zero-filled"),
     "audit_path": ((str, type(None)), "test/acceptance only: directory where every saved and restored page's "
                    "digest and the connector counters are recorded"),
+    "stats_path": ((str, type(None)), "directory where the connector's counters are kept as running totals "
+                   "(stats-<role>-<pid>.json, replaced whole as they change), without audit_path's page digests: "
+                   "for runs whose vLLM drops the counters of steps without outputs (the 0.26 LLM class)"),
 }
 
 _POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks", "load_processes",

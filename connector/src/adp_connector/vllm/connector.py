@@ -29,7 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from ..pipeline import Counters, LoadChunk, LoadJob, PageAudit
+from ..pipeline import Counters, LoadChunk, LoadJob, PageAudit, write_totals
 from ..store.process import SharedArena
 from .backend import StoreLink
 from .compat import (
@@ -126,6 +126,7 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         self.hook_clock = HookClock()  # the time inside each hook (hook_timing.py)
         role_name = "worker" if self._is_worker else "scheduler"
         self.audit = PageAudit(self.cfg.audit_path, role_name) if self.cfg.audit_path else None
+        self.role_name = role_name
         # The writer identity is per engine launch (vLLM's engine_id is a fresh UUID each start): two replicas
         # of one model on one card must never share a writer partition. A restarted engine claims a free or
         # expired partition; the old one's pages stay readable by everyone meanwhile.
@@ -258,14 +259,20 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
             self._hooks_reported_at = now
         self.counters.add(**self.hook_clock.drain())
         data = self.counters.drain()
-        self._write_audit_totals()
+        self._write_totals()
         from .stats import ADPConnectorStats
 
         return ADPConnectorStats(data=data)
 
-    def _write_audit_totals(self) -> None:
+    def _write_totals(self) -> None:
+        """The counters' running totals into ``audit_path`` and ``stats_path`` (each when set)."""
+        if self.audit is None and not self.cfg.stats_path:
+            return
+        totals = self.counters.snapshot_totals()
         if self.audit is not None:
-            self.audit.write_totals(self.counters.snapshot_totals())
+            self.audit.write_totals(totals)
+        if self.cfg.stats_path:
+            write_totals(self.cfg.stats_path, self.role_name, totals)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
@@ -300,5 +307,5 @@ class ADPConnector(KVConnectorBase_V1, SupportsHMA):
         """Let in-flight saves finish (bounded), then close the store and the connection."""
         self.worker_side.close()
         self.counters.drain()
-        self._write_audit_totals()
+        self._write_totals()
         self.link.close()
