@@ -34,6 +34,8 @@
 #   H  8 agents at 64k-token histories (~73 GB of KV, over the equal 64 GiB budgets), three arms: the equal-budget
 #      gate's 8-agent point at a shape whose ceiling is above 3x (40k histories: 21.8 / 8.3 = 2.6x with no eviction)
 #   K  the sweep with 16k-token documents to 128 users (8k documents: a restore saves a third of a prefill)
+#   W  R with two more warm engines at 24 and 48 restore batches in flight (the default is 96) and each prompt's
+#      restore phases (stats_path): where run 28's 70-120 ms beyond the restore path's own rate go
 #   R  the restart at 32k and 100k tokens, no connector, adp cold and warm (issue 15's 0.25x / 0.15x and 3%)
 #   q  the sweep's warm-up burst and first points with the derived room for saves waiting for staging (run 22's
 #      warm-up dropped 21% of its pages with the old derived 8 GiB; run 23 set 24 GiB by hand: Q_ARGS)
@@ -192,6 +194,8 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # and 100k tokens (run 13: 0.355x / 0.197x of the prefill, gates 0.25x / 0.15x; the cold pass +4.1% at 32k, gate 3%)
     E) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice,copy \
 --save-processes 1,2,4" $v restore-path $R/E ;;
+    W) RESTART_ARGS="--lengths 32000,100000 --target-workers 8 --arms baseline,adp-cold,adp-warm \
+--warm-variant b24:restore_batches=24 --warm-variant b48:restore_batches=48" $v restart $R/W ;;
     R) RESTART_ARGS="--lengths 32000,100000 --target-workers 8 --arms baseline,adp-cold,adp-warm" $v restart $R/R ;;
     *) echo "run16: unknown step $1" >&2; return 2 ;;
   esac

@@ -189,3 +189,17 @@ def test_admission_option_reaches_the_store_choices() -> None:
         parse_config({"admission": "lfu"})
     with pytest.raises(ValueError, match=r"StoreConfig\.admission must be one of frequency, always, got 'lfu'"):
         StoreConfig(admission="lfu")
+
+
+def test_restore_batches_in_flight_default_and_override() -> None:
+    """``restore_batches`` null: four per batch the helpers run at once (96 with a 16-core GPU host's 12 helpers of
+    2 I/O threads); a number is taken as given; 0 is refused like every count."""
+    pytest.importorskip("torch")  # the worker half imports it
+    from adp_connector.vllm.worker import restore_inflight
+
+    gpu_host = {"load_processes": 12, "save_processes": 2, "io_threads": 2}
+    assert restore_inflight(parse_config(gpu_host)) == 96
+    assert restore_inflight(parse_config({**gpu_host, "restore_batches": 24})) == 24
+    assert restore_inflight(parse_config({**gpu_host, "io_process": False})) == 8  # one process: its io_threads
+    with pytest.raises(ConfigError, match="restore_batches.*> 0"):
+        parse_config({"restore_batches": 0})

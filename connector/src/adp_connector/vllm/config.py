@@ -42,6 +42,7 @@ class ADPConfig:
     staging_mb: int = 4096
     save_spill_mb: int | None = None
     read_ahead_mb: int | None = None
+    restore_batches: int | None = None
     min_hit_blocks: int = 1
     min_load_tokens: int = 0
     restore_policy: str = "auto"
@@ -96,6 +97,10 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
                       "blocks (vLLM asks the connector about the request at the head of its queue every step) are "
                       "read from the card into staging before its blocks exist, so its restore only copies them into "
                       "place; only with slabs no restore waits for; 0: off; null: three quarters of staging_mb"),
+    "restore_batches": ((int, type(None)), "restore batches (staging slabs of 64 MiB) in flight at once across the "
+                        "worker's restores, queued in the helpers beyond what they run; the last of a restore wait "
+                        "behind them. null: 4 per batch the helpers run at once (4 x max(load_processes, "
+                        "save_processes) x io_threads: 96 with a 16-core GPU host's defaults)"),
     "min_hit_blocks": ((int,), "ignore external hits shorter than this many blocks"),
     "min_load_tokens": ((int,), "no restore (and no extra engine step) when it adds fewer tokens than this beyond "
                         "the local prefix hit: they are recomputed (0: any gain of a block or more)"),
@@ -148,7 +153,7 @@ OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 _POSITIVE = {"trsvcid", "io_queues", "queue_depth", "io_threads", "min_hit_blocks", "load_processes",
-             "save_processes"}
+             "save_processes", "restore_batches"}
 _NON_NEGATIVE = {"connect_timeout_s", "retry_interval_s", "load_timeout_s", "refresh_interval_s",
                  "max_pending_save_mb", "max_io_kib", "staging_mb", "min_load_tokens", "restore_prior_gbps",
                  "switch_interval_ms", "save_spill_mb", "read_ahead_mb"}
@@ -240,7 +245,7 @@ def parse_config(extra: Mapping[str, Any] | None) -> ADPConfig:
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be a finite number, "
                               f"got {v!r}")
-        if f.name in _POSITIVE and v <= 0:
+        if f.name in _POSITIVE and v is not None and v <= 0:
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be > 0, got {v!r}")
         if f.name in _NON_NEGATIVE and v is not None and v < 0:
             raise ConfigError(f"ADPConnector: kv_connector_extra_config[{f.name!r}] must be >= 0, got {v!r}")

@@ -41,10 +41,11 @@ log = logging.getLogger("vllm.adp_kv.connector")
 
 
 def restore_inflight(cfg: ADPConfig) -> int:
-    """Restore batches in flight at once: four per store batch the I/O can run concurrently (each helper process
-    runs ``io_threads`` batches): 32 batches of 64 MiB with the GPU host's defaults, what `bench restore-path`
-    measured its rates with (``--slabs 32``), so the I/O never idles while restores leave the other staging slabs
-    to saves."""
+    """Restore batches in flight at once: ``restore_batches``, else four per store batch the I/O can run concurrently
+    (each helper process runs ``io_threads`` batches; 96 of 64 MiB with a 16-core GPU host's defaults), so the I/O
+    never idles while restores leave the other staging slabs to saves."""
+    if cfg.restore_batches is not None:
+        return cfg.restore_batches
     helpers = max(cfg.load_processes, cfg.save_processes) if cfg.io_process else 1
     return 4 * helpers * max(1, cfg.io_threads)
 
