@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -94,12 +95,14 @@ def _interpreter(path: Path, finds_both: bool, record: Path) -> str:
     return str(path)
 
 
-def test_verify_without_vllm_runs_again_under_the_vllm_interpreter(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verify_without_vllm_runs_again_under_the_vllm_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """`.venv/bin/testbed verify` (no vLLM there) runs the same command line under the vLLM interpreter and exits with
-    its status, instead of failing its verdict on an import. Controls: an interpreter without vLLM, and the run under
-    the vLLM interpreter finding none either, are one-line usage errors; with vLLM importable it runs in place."""
+    its status, instead of failing its verdict on an import. Controls: a --vllm-python without vLLM is a usage error;
+    with no interpreter to be found, or none in the run under the named one, the verdict is "not runnable here" (exit
+    2, its reason, the JSON verdict); with vLLM importable here it runs in place."""
     from adp_testbed import cli
+    from adp_testbed.bench import serve
 
     record = tmp_path / "argv.txt"
     good = _interpreter(tmp_path / "vllm-python", True, record)
@@ -108,10 +111,17 @@ def test_verify_without_vllm_runs_again_under_the_vllm_interpreter(tmp_path: Pat
     argv = ["verify", "--family", "dense", "--prompts", "1", "--vllm-python", good]
     assert cli.main(argv) == 7
     assert record.read_text().splitlines() == [f"-m adp_testbed.cli {' '.join(argv)}", good]
+    capsys.readouterr()
     assert cli.main(["verify", "--vllm-python", _interpreter(tmp_path / "plain-python", False, record)]) == 2
+    assert "cannot import both vllm and adp_testbed" in capsys.readouterr().err
+    monkeypatch.setattr(serve, "vllm_python", lambda explicit=None: None)
+    assert cli.main(["verify", "--json"]) == 2
+    out = capsys.readouterr()
+    got = json.loads(out.out)
+    assert got["runnable"] is False and "no interpreter with it was found" in got["reason"], got
+    assert out.err.strip().startswith("testbed verify: dense: vLLM is not importable here")
     monkeypatch.setenv("ADP_KV_VERIFY_UNDER_VLLM_PYTHON", good)
-    with pytest.raises(O.UsageError, match="has none either"):
-        verify._run_under_vllm_python(_parse("--vllm-python", good))
+    assert "either" in str(verify._run_under_vllm_python(_parse("--vllm-python", good)))
     monkeypatch.setattr(verify, "_vllm_importable", lambda: True)
     assert verify._run_under_vllm_python(_parse("--vllm-python", good)) is None
 

@@ -538,36 +538,43 @@ def _vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _run_under_vllm_python(args: argparse.Namespace) -> int | None:
-    """When this interpreter cannot import vLLM: run the same command under one that can and return its exit status;
-    None when this one can. Raises UsageError when there is none (or it lacks vLLM too)."""
+def _run_under_vllm_python(args: argparse.Namespace) -> int | str | None:
+    """Where verify runs when this interpreter cannot import vLLM. None: here (it can); an exit status: the same
+    command ran under an interpreter that can (``--vllm-python``, $ADP_KV_VLLM_PYTHON or the checkout's .venv-vllm);
+    a reason: there is none, so verify cannot run on this machine. A ``--vllm-python`` without vLLM is a usage
+    error."""
     if _vllm_importable():
         return None
+    if os.environ.get(_UNDER_VLLM_PYTHON):  # this is the run under the named interpreter, and it has no vLLM
+        return f"vLLM is not importable by {sys.executable} either"
     from .bench.serve import vllm_python
 
-    py = vllm_python(getattr(args, "vllm_python", None))
+    explicit = getattr(args, "vllm_python", None)
+    py = vllm_python(explicit)
     argv = getattr(args, "argv", None)
-    if py is None or argv is None or os.environ.get(_UNDER_VLLM_PYTHON):
-        where = f" ({py} has none either)" if os.environ.get(_UNDER_VLLM_PYTHON) else ""
-        raise O.UsageError(f"testbed verify: vLLM is not importable here{where}; `bash scripts/bootstrap` makes the "
-                           "checkout's .venv-vllm, or pass --vllm-python PYTHON")
+    if py is None or argv is None:
+        return ("vLLM is not importable here and no interpreter with it was found: `bash scripts/bootstrap` makes "
+                "the checkout's .venv-vllm, or pass --vllm-python PYTHON")
     try:
         found = subprocess.run([py, "-c", _FINDS_BOTH], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         found = False
+    if not found and explicit:
+        raise O.UsageError(f"testbed verify: --vllm-python {py} cannot import both vllm and adp_testbed")
     if not found:
-        raise O.UsageError(f"testbed verify: vLLM is not importable here, and {py} cannot import both vllm and "
-                           "adp_testbed; pass --vllm-python PYTHON of an environment that has both")
+        return f"vLLM is not importable here, nor by {py} with adp_testbed"
     return subprocess.call([py, "-m", "adp_testbed.cli", *argv], env=dict(os.environ, **{_UNDER_VLLM_PYTHON: py}))
 
 
 def main(args: argparse.Namespace) -> int:
     """``testbed verify`` entry point: 0 pass, 1 fail, 2 not runnable here."""
-    elsewhere = _run_under_vllm_python(args)
-    if elsewhere is not None:
-        return elsewhere
+    # a family that needs a CUDA device is refused here, with its own reason, whether or not vLLM is
+    where = None if args.family in _CUDA_ONLY and not _cuda() else _run_under_vllm_python(args)
+    if isinstance(where, int):
+        return where
     try:
-        verdict = run(args)
+        verdict = run(args) if where is None else {"family": args.family, "ok": False, "runnable": False,
+                                                   "reason": where}
     except Exception as exc:
         verdict = {"family": args.family, "ok": False, "runnable": True, "error": f"{type(exc).__name__}: {exc}"}
         for cause in _NOT_RUNNABLE_HERE:  # vLLM's own "cannot run this here", with or without a connector
