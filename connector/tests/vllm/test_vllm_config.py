@@ -201,5 +201,5 @@ def test_restore_batches_in_flight_default_and_override() -> None:
     assert restore_inflight(parse_config(gpu_host)) == 96
     assert restore_inflight(parse_config({**gpu_host, "restore_batches": 24})) == 24
     assert restore_inflight(parse_config({**gpu_host, "io_process": False})) == 8  # one process: its io_threads
-    with pytest.raises(ConfigError, match="restore_batches.*> 0"):
+    with pytest.raises(ConfigError, match=r"restore_batches.*> 0"):
         parse_config({"restore_batches": 0})
