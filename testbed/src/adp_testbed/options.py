@@ -48,37 +48,31 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
     return conv
 
 
-def seconds(text: str) -> float:
-    """A finite, positive number of seconds."""
+def _finite(text: str, what: str, zero_ok: bool) -> float:
+    """``text`` as a finite number above 0 (or at least 0 with ``zero_ok``); ``what`` names it in the error."""
     try:
         v = float(text)
     except ValueError:
-        raise _err(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise _err(f"must be a positive, finite number of seconds, got {text!r}")
+        raise _err(f"not a {what}: {text!r}") from None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+        raise _err(f"must be a {'finite ' + what + ' >= 0' if zero_ok else 'positive, finite ' + what}, "
+                   f"got {text!r}")
     return v
+
+
+def seconds(text: str) -> float:
+    """A finite, positive number of seconds."""
+    return _finite(text, "number of seconds", False)
 
 
 def positive_number(text: str) -> float:
     """A finite number above 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise _err(f"not a number: {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise _err(f"must be a positive, finite number, got {text!r}")
-    return v
+    return _finite(text, "number", False)
 
 
 def non_negative_number(text: str) -> float:
     """A finite number, 0 or above."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise _err(f"not a number: {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise _err(f"must be a finite number >= 0, got {text!r}")
-    return v
+    return _finite(text, "number", True)
 
 
 def list_of(item: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
