@@ -218,6 +218,10 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["bench", "restore-path", "--page-size", "0"], "must be a positive size"),
         (["bench", "store", "--page-size", "0"], "must be a positive size"),
         (["bench", "datapath", "--working-set", "0"], "must be a positive size"),
+        (["bench", "agents", "--card-bytes", "1K"], "must be at least 16M"),
+        (["bench", "agents", "--kv-cache-bytes", "0"], "must be a positive size"),
+        (["bench", "sweep", "--offload-bytes", "0"], "must be a positive size"),
+        (["bench", "agents", "--arms", ","], "--arms names no arm"),
         (["verify", "--prompts", "0"], "0 is outside [1,"),
     ]
 

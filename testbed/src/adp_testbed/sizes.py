@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from adp_emulator.sizes import format_size
 from adp_emulator.sizes import parse_size as _parse
 
-__all__ = ["format_size", "mdts_problem", "mdts_size", "parse_size", "positive_size", "size_list"]
+__all__ = ["format_size", "mdts_problem", "mdts_size", "parse_size", "positive_size", "size_at_least", "size_list"]
 
 
 def parse_size(text: str | int) -> int:
@@ -24,6 +25,19 @@ def positive_size(text: str) -> int:
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive size, got {text!r}")
     return n
+
+
+def size_at_least(lo: int) -> Callable[[str], int]:
+    """A size of at least ``lo`` bytes."""
+
+    def conv(text: str) -> int:
+        n = parse_size(text)
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {format_size(lo)}, got {text!r}")
+        return n
+
+    conv.__name__ = f"size of at least {format_size(lo)}"
+    return conv
 
 
 def size_list(text: str) -> list[int]:

@@ -25,13 +25,15 @@ from adp_emulator.target.backing import backing_room
 
 from .. import options as O
 from ..hostinfo import host_info, mem_total_bytes
-from ..sizes import format_size, mdts_size, parse_size
+from ..sizes import format_size, mdts_size, positive_size, size_at_least
 from ..targets import LocalTarget, connect_existing, namespace_contents
 from . import serve as SV
 from .presets import PRESETS, scenario_preset
 
 SCHEMA_VERSION = 1
 BENCH_TARGET_MDTS = "1M"  # the local emulator's MDTS in the vLLM scenarios (--target-mdts)
+MIN_CARD_BYTES = 16 << 20  # --card-bytes below this holds too few pages to measure anything (the store formats
+#                            its tables and at least one segment in it)
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,11 +44,11 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", default=",".join(SV.DEFAULT_ARMS),
                    help="comma-separated arms to run: baseline, adp, cpu-offload (vLLM's OffloadingConnector with a "
                         "CPU tier of --offload-bytes)")
-    p.add_argument("--offload-bytes", type=parse_size,
+    p.add_argument("--offload-bytes", type=positive_size,
                    help="CPU tier of the cpu-offload arm (default: the preset's, the same as the card's capacity)")
-    p.add_argument("--card-bytes", type=parse_size,
-                   help="capacity of the local emulated card of the adp arm (default: the preset's); give it and "
-                        "--offload-bytes the same value for an equal-budget comparison")
+    p.add_argument("--card-bytes", type=size_at_least(MIN_CARD_BYTES),
+                   help="capacity of the local emulated card of the adp arm (default: the preset's; at least 16M); "
+                        "give it and --offload-bytes the same value for an equal-budget comparison")
     O.add_target_options(p, "ADDR:PORT of an existing target (a real card), the connector's traddr:trsvcid; "
                             "skips the local emulator. Pages are saved into its page store; a namespace holding "
                             "other data is refused unless --yes-destroy")
@@ -65,7 +67,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM OffloadingConnector option for the cpu-offload arm (repeatable, e.g. --offload-opt "
                         f"eviction_policy=arc; policies: {', '.join(SV.OFFLOAD_POLICIES)}; the tier's size is "
                         "--offload-bytes)")
-    p.add_argument("--kv-cache-bytes", type=parse_size, help="device KV cache memory per engine (e.g. 16M, 24G)")
+    p.add_argument("--kv-cache-bytes", type=positive_size, help="device KV cache memory per engine (e.g. 16M, 24G)")
     p.add_argument("--max-model-len", type=O.int_in(16, 1 << 24))
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
     p.add_argument("--vllm-python", help="interpreter with vLLM (default: this one, else .venv-vllm)")
@@ -130,6 +132,8 @@ class Run:
             raise O.UsageError(f"testbed bench {scenario}: the {args.preset} preset needs --model")
         self.engine, self.params, self.settings = engine, params, run
         self.arms = [a for a in args.arms.split(",") if a]
+        if not self.arms:
+            raise O.UsageError(f"testbed bench {scenario}: --arms names no arm; choose from {list(SV.ARMS)}")
         bad = sorted(set(self.arms) - set(SV.ARMS))
         if bad:
             raise O.UsageError(f"testbed bench {scenario}: unknown arm(s) {bad}; choose from {list(SV.ARMS)}")
