@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from adp_emulator.target import TargetSettings, UserspaceTarget
 from adp_emulator.target import backing as B
 from adp_testbed import options as O
 from adp_testbed.bench import common as C
@@ -36,7 +37,8 @@ def test_a_card_bytes_tmpdir_cannot_hold_is_refused_before_any_arm(tmp_path: Pat
     assert not (tmp_path / "out").exists()  # refused before anything was written
     # controls: arms without a card, an external target, and a card that fits all go ahead
     Run("sweep", _args(tmp_path, "--card-bytes", huge, "--arms", "baseline"), {})
-    Run("sweep", _args(tmp_path, "--card-bytes", huge, "--target", "127.0.0.1:4420"), {})
+    with UserspaceTarget(TargetSettings(port=0, capacity_bytes=64 << 20)) as card:  # an empty namespace to check
+        Run("sweep", _args(tmp_path, "--card-bytes", huge, "--target", f"127.0.0.1:{card.address[1]}"), {})
     run = Run("sweep", _args(tmp_path, "--card-bytes", str(64 << 20)), {})
     assert run.card_bytes == 64 << 20 and run.card_note is None
 

@@ -67,6 +67,40 @@ def test_writing_benches_refuse_a_namespace_with_data(card: UserspaceTarget, com
     assert main([*command, "--target", where, "--nqn", card.settings.subnqn, "--yes-destroy"]) == 0
 
 
+@pytest.mark.parametrize("command", [["bench", "agents", "--arms", "baseline,adp"], ["bench", "restart"], ["demo"],
+                                     ["verify", "--prompts", "1"]])
+def test_vllm_commands_check_the_card_before_any_engine(card: UserspaceTarget, command: list[str],
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A card given with --target that cannot be reached, or whose namespace holds other data, is one line and exit
+    2 before any engine starts (they used to run the baseline arm for minutes, or start verify's engines, then fail
+    the verdict). Control: an empty namespace passes the check (the command then goes on to look for vLLM, which is
+    stubbed away here so that nothing runs)."""
+    from adp_testbed import verify
+    from adp_testbed.bench import serve
+
+    monkeypatch.setattr(verify, "_vllm_importable", lambda: True)  # verify's checks run here, not under .venv-vllm
+    monkeypatch.setattr(verify, "_models", lambda: pytest.fail("an engine was about to start"))
+    monkeypatch.setattr(serve, "vllm_python", lambda explicit=None: None)  # the benches stop right after the check
+    closed = f"127.0.0.1:{_closed_port()}"
+    assert main([*command, "--target", closed]) == 2
+    assert "cannot reach the target" in capsys.readouterr().err
+    where = ["--target", f"127.0.0.1:{card.address[1]}", "--nqn", card.settings.subnqn]
+    with _host(card) as c:
+        c.write(0, MARKER)
+    assert main([*command, *where]) == 2
+    assert "holds data" in capsys.readouterr().err
+    with _host(card) as c:
+        assert c.read(0, len(MARKER)) == MARKER  # untouched
+        c.write(0, bytes(len(MARKER)))
+    if command[0] == "verify":  # control: past the card's check, the next step is an engine (stubbed to fail)
+        with pytest.raises(pytest.fail.Exception, match="an engine was about to start"):
+            main([*command, *where])
+    else:  # control: past the card's check, the next step is finding vLLM (stubbed to find none)
+        assert main([*command, *where]) == 2
+        assert "no interpreter with vLLM" in capsys.readouterr().err
+
+
 def test_bench_store_refuses_a_page_store(card: UserspaceTarget, capsys: pytest.CaptureFixture[str]) -> None:
     with _host(card) as c:
         PageStore.format(c, partitions=2, avg_page_bytes=256 << 10)

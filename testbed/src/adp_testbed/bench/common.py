@@ -150,6 +150,9 @@ class Run:
                                f"every thread: choose one")
         if self.profile and SV.py_spy() is None:
             raise O.UsageError(f"testbed bench {scenario}: --profile needs py-spy (pip install py-spy)")
+        if args.target and "adp" in self.arms:  # unreachable, or holding other data: said now, not after the others
+            host, _, port = args.target.rpartition(":")
+            self._check_card(host, int(port))
         self.card_bytes = args.card_bytes or run["target_capacity_bytes"]  # the local emulator's card
         self.card_note: str | None = None  # why the card is not the size asked for, if it is not
         if "adp" in self.arms and not args.target:
