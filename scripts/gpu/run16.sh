@@ -179,7 +179,7 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
          $v restore-path $R/L ;;
     # issue 14's equal-budget gate at 8 agents with histories long enough that a perfect cache could give 3x (a
     # recompute grows faster with the history than a decode does); ~10 min (an estimate)
-    H) MODEL_LEN=82000 BENCH_ARGS="--agents 8 --history-len 64000 --turns 4 --max-model-len 80000 \
+    H) BENCH_ARGS="--agents 8 --history-len 64000 --turns 4 --max-model-len 80000 \
 --arms baseline,cpu-offload,adp --target-workers 8 --card-bytes 64G --offload-bytes 64G" $v agents $R/H ;;
     # issue 14's sweep with 16k-token documents (16 of them, ~34 GB, on a 96 GiB card), 2 requests per user to keep the
     # baseline's top point near 4 min; ~12 min (an estimate)

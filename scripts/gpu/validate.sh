@@ -157,6 +157,7 @@ case "$what" in
     python3 "$root/scripts/gpu/restart_ttft.py" --out "$out" ${RESTART_ARGS:-}
     ;;
   agents|sweep)
+    # the dummy model's positions: at least 131072 (restart_ttft.write_model); MODEL_LEN for longer contexts
     model=$(python3 "$root/scripts/gpu/restart_ttft.py" --model-only --out "$out" --lengths ${MODEL_LEN:-65536})
     python3 -m adp_testbed.cli bench "$what" --preset gpu --model "$model" --engine-arg=--load-format=dummy \
       --arms baseline,cpu-offload,adp --vllm-python python3 --out "$out/$what" ${BENCH_ARGS:-}
