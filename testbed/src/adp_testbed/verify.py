@@ -39,7 +39,7 @@ from typing import Any
 from . import options as O
 from .expected_hits import expected_hit
 from .models.cpu_workarounds import ONEDNN_BELOW_AMX, SELECT, cpu_has_amx
-from .targets import TargetError
+from .targets import TargetError, connect_existing, namespace_contents
 
 FAMILIES = ("dense", "swa", "mamba", "gdn", "mla", "dsa", "mtp")
 
@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="greedy tokens generated per prompt")
     parser.add_argument("--vllm-python", metavar="PYTHON",
                         help="interpreter with vLLM, for when this one has none (default: $ADP_KV_VLLM_PYTHON, else "
-                             "the checkout's .venv-vllm): verify then runs under it"),
+                             "the checkout's .venv-vllm): verify then runs under it")
     O.add_target_options(parser, "ADDR:PORT of a running target (a real card), the connector's "
                                  "traddr:trsvcid (default: start a local one)")
     parser.add_argument("--workdir", default=None, help="keep logs, audit records and the backing file here")
@@ -201,8 +201,6 @@ class _Target:
 def _check_card(args: argparse.Namespace) -> None:
     """An existing target (a card) is reachable and its namespace holds a page store or nothing: else a one-line
     TargetError before any model is built or engine started (verify never formats a card)."""
-    from .targets import connect_existing, namespace_contents
-
     host = args.traddr or "127.0.0.1"
     with connect_existing(host, args.trsvcid, args.nqn, io_queues=1) as ctrl:  # type: ignore[attr-defined]
         found = namespace_contents(ctrl)
