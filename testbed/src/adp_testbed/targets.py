@@ -65,6 +65,15 @@ def refuse_to_destroy(ctrl: object, where: str, command: str, allow: bool, flag:
                           f"Pass {flag} to go ahead (its content is lost)")
 
 
+def refuse_foreign_data(traddr: str, trsvcid: int, subnqn: str | None, refusal: str, allow: bool = False) -> None:
+    """TargetError unless the existing target at ``traddr:trsvcid`` can be reached and its namespace holds a page store
+    or nothing (or anything, with ``allow``); ``refusal`` is the message when it holds other data."""
+    with connect_existing(traddr, trsvcid, subnqn, io_queues=1) as ctrl:  # type: ignore[attr-defined]
+        found = namespace_contents(ctrl)
+    if found == "data" and not allow:
+        raise TargetError(refusal)
+
+
 def refuse_to_overwrite_file(path: str | Path | None, command: str, allow: bool, flag: str = "--yes-destroy") -> None:
     """TargetError if ``path`` (a backing file the command formats) exists and holds a non-zero byte in
     its first MiB or in :data:`PROBE_SAMPLES` spread 4 KiB samples, unless ``allow``."""

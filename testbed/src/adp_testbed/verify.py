@@ -39,7 +39,7 @@ from typing import Any
 from . import options as O
 from .expected_hits import expected_hit
 from .models.cpu_workarounds import ONEDNN_BELOW_AMX, SELECT, cpu_has_amx
-from .targets import TargetError, connect_existing, namespace_contents
+from .targets import TargetError, refuse_foreign_data
 
 FAMILIES = ("dense", "swa", "mamba", "gdn", "mla", "dsa", "mtp")
 
@@ -196,17 +196,6 @@ class _Target:
             self.user.stop()
         if self.kernel is not None:
             self.kernel.stop()
-
-
-def _check_card(args: argparse.Namespace) -> None:
-    """An existing target (a card) is reachable and its namespace holds a page store or nothing: else a one-line
-    TargetError before any model is built or engine started (verify never formats a card)."""
-    host = args.traddr or "127.0.0.1"
-    with connect_existing(host, args.trsvcid, args.nqn, io_queues=1) as ctrl:  # type: ignore[attr-defined]
-        found = namespace_contents(ctrl)
-    if found == "data":
-        raise TargetError(f"testbed verify: the namespace of {host}:{args.trsvcid} holds data but no page store, and "
-                          "verify never formats a card: give it an empty namespace or a page store")
 
 
 def _audit(work: Path, tag: str) -> list[dict[str, Any]]:
@@ -392,8 +381,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise O.UsageError(f"testbed verify: {flag} needs the local userspace target (its backing "
                            "file is what is corrupted; a card is never touched) and a family other than mtp")
     copts = _connector_opts(getattr(args, "connector_opt", None) or [])  # a bad option fails before any engine
-    if args.trsvcid is not None:
-        _check_card(args)
+    if args.trsvcid is not None:  # a card: reachable, and a page store or nothing on it (verify never formats one)
+        host = args.traddr or "127.0.0.1"
+        refuse_foreign_data(host, args.trsvcid, args.nqn,
+                            f"testbed verify: the namespace of {host}:{args.trsvcid} holds data but no page store, "
+                            "and verify never formats a card: give it an empty namespace or a page store")
     vm = _models()
     if fam == "mtp":
         work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="adp-verify-mtp-"))

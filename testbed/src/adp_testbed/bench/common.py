@@ -26,7 +26,7 @@ from adp_emulator.target.backing import backing_room
 from .. import options as O
 from ..hostinfo import host_info, mem_total_bytes
 from ..sizes import format_size, mdts_size, positive_size, size_at_least
-from ..targets import LocalTarget, connect_existing, namespace_contents
+from ..targets import LocalTarget, refuse_foreign_data
 from . import serve as SV
 from .presets import PRESETS, scenario_preset
 
@@ -234,8 +234,7 @@ class Run:
             return
         opts = dict(self.args.connector_opt)
         if self.args.target:
-            host, _, port = self.args.target.rpartition(":")
-            self._check_card(host, int(port))
+            host, _, port = self.args.target.rpartition(":")  # checked in __init__, before any arm ran
             if getattr(self.args, "yes_destroy", False):  # the connector refuses foreign data without it
                 opts.setdefault("format_card", True)
             yield SV.connector_config(host, int(port), self.args.nqn, namespace_extra=self.run_id, **opts), \
@@ -256,15 +255,12 @@ class Run:
                 self.card = None
 
     def _check_card(self, host: str, port: int) -> None:
-        """Refuse, before any arm runs, a namespace that holds other data (the connector formats one only with
-        format_card, which --yes-destroy gives it)."""
-        from ..targets import TargetError
-
-        with connect_existing(host, port, self.args.nqn, io_queues=1) as ctrl:  # type: ignore[attr-defined]
-            found = namespace_contents(ctrl)
-        if found == "data" and not getattr(self.args, "yes_destroy", False):
-            raise TargetError(f"testbed bench {self.scenario}: the namespace of {host}:{port} holds data but no page "
-                              f"store; the connector would format it. Pass --yes-destroy to go ahead")
+        """Refuse, before any arm runs, a card that cannot be reached or whose namespace holds other data (the
+        connector formats one only with format_card, which --yes-destroy gives it)."""
+        refuse_foreign_data(host, port, self.args.nqn,
+                            f"testbed bench {self.scenario}: the namespace of {host}:{port} holds data but no page "
+                            "store; the connector would format it. Pass --yes-destroy to go ahead",
+                            allow=getattr(self.args, "yes_destroy", False))
 
     def run_arms(self, body: Callable[[str, dict[str, Any] | None], dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """``body(arm, kv_transfer)`` for each requested arm; a failing arm is reported, not fatal."""
