@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from adp_connector.store.bench import run_benchmark
+from adp_connector.store.format import align_up
 
 from .. import options as O
 from ..sizes import format_size, parse_size, positive_size, size_list
@@ -45,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
         results.append(_one(host, int(port), args.nqn, args, external=True))
     else:
         for mdts in args.mdts:
-            need = -(-(args.page_size * args.pages * 3) // 4096) * 4096 + (256 << 20)  # whole 4 KiB blocks
+            need = align_up(args.page_size * args.pages * 3, 4096) + (256 << 20)  # whole 4 KiB blocks
             with LocalTarget(capacity=need, mdts=mdts) as t:
                 results.append(_one(t.traddr, t.trsvcid, t.subnqn, args))
     for r in results:
