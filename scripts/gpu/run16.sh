@@ -177,6 +177,10 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # what the kernel's receive copy into cold host memory costs here, the floor of any TCP client), ~2 min
     L) RESTORE_ARGS="--gb 16 --helpers 8,12,16 --queues 2 --target-workers 8 --target-reads splice" \
          $v restore-path $R/L ;;
+    # L's 12 helpers with a staging arena small enough to stay in the host's cache (16 slabs of 2 MiB): does a receive
+    # into cached staging cost less than one into 64 MiB slabs (dev VM: no, 0.51 against 0.35-0.48 core-s/GB)? ~1 min
+    M) RESTORE_ARGS="--gb 16 --helpers 12 --queues 2 --target-workers 8 --target-reads splice --batch-mb 2 --slabs 16" \
+         $v restore-path $R/M ;;
     # issue 14's equal-budget gate at 8 agents with histories long enough that a perfect cache could give 3x (a
     # recompute grows faster with the history than a decode does); ~10 min (an estimate)
     H) BENCH_ARGS="--agents 8 --history-len 64000 --turns 4 --max-model-len 80000 \
