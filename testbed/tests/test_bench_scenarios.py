@@ -634,3 +634,36 @@ def test_sweep_points_start_once_the_saves_before_them_have_landed() -> None:
     endless = _SavesLanding(busy=10**9)
     got = sweep.settle(endless, endless, seed=0, interval_s=0.01, timeout_s=0.2, quiet_s=0.05)  # type: ignore[arg-type]
     assert endless.busy > 0 and not got["settled"] and 0.2 <= got["s"] < 1.0 and got["landed"]["adp_kv_pages_saved"] > 0
+
+
+def test_turn_spans_split_the_points_wall_time_by_turn(tmp_path: Path) -> None:
+    """Each turn's span runs from the previous turn's last end to its own last end (agents overlap turns); a failed
+    request does not count; the later turns' mean compares arms without the cold first turn, also for results
+    written before the field existed (from requests_detail)."""
+    from adp_testbed.bench import agents
+
+    def req(agent: int, turn: int, start: float, latency: float, ok: bool = True) -> dict:
+        return {"agent": agent, "turn": turn, "started_s": start, "latency_s": latency, "ok": ok}
+
+    slow = [req(0, 0, 0.0, 30.0), req(1, 0, 0.0, 36.0), req(0, 1, 30.0, 28.0), req(1, 1, 36.0, 30.0),
+            req(0, 2, 58.0, 40.0, ok=False)]
+    assert agents.turn_spans(slow) == [36.0, 30.0]  # turn 2 failed: no span; turn 1 ends with agent 1, at 66 s
+    fast = [req(0, 0, 0.0, 30.0), req(1, 0, 0.0, 31.0), req(0, 1, 30.0, 9.0), req(1, 1, 31.0, 9.0),
+            req(0, 2, 39.0, 10.0), req(1, 2, 40.0, 11.0)]
+    assert agents.turn_spans(fast) == [31.0, 9.0, 11.0]
+    assert agents.later_turns_s({"requests_detail": fast}) == 10.0
+    assert agents.later_turns_s({"turn_spans_s": [31.0]}) is None
+
+    res = _fake_result("agents")
+    base = res["arms"]["baseline"]
+    base["points"] = [dict(base["points"][0], agents=2, requests_detail=slow, turn_spans_s=agents.turn_spans(slow))]
+    adp = {"available": True, "target": "local", "wall_s": 1.0,
+           "points": [dict(base["points"][0], agent_tps_mean=base["points"][0]["agent_tps_mean"] * 2,
+                           requests_detail=fast)]}
+    del adp["points"][0]["turn_spans_s"]  # an older result: taken from requests_detail
+    rows = agents.ratios({"baseline": base, "adp": adp})
+    assert rows[0]["later_turns_vs_baseline"] == 3.0  # 30 s a later turn against 10
+    adp["points"][0]["turn_spans_s"] = agents.turn_spans(fast)
+    res["arms"]["adp"], res["ratios"] = adp, rows
+    md = report.write_report(res, tmp_path).read_text()
+    assert "| adp | 2 | 31.0 | 9.0 / 11.0 | 10.0 |" in md and "| baseline | 2 | 36.0 | 30.0 | 30.0 |" in md

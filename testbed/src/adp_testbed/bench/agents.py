@@ -70,6 +70,7 @@ def _point(client: Client, run: C.Run, arm: str, n: int, srv: Any) -> dict[str, 
         busy = sum(r.latency_s or 0 for r in rs if r.ok)
         agent_tps.append(sum(r.output_tokens for r in rs if r.ok) / busy if busy else 0.0)
     reqs = [r for rs in per for r in rs]
+    detail = [dict(r.to_json(), agent=i, turn=j) for i, rs in enumerate(per) for j, r in enumerate(rs)]
     return {
         "agents": n, "requests": len(reqs), "failed": sum(not r.ok for r in reqs), "wall_s": round(wall, 2),
         "agent_tps": [round(x, 2) for x in agent_tps], "agent_tps_mean": round(sum(agent_tps) / n, 2),
@@ -78,8 +79,32 @@ def _point(client: Client, run: C.Run, arm: str, n: int, srv: Any) -> dict[str, 
         "ttft_s": summary([r.ttft_s for r in reqs if r.ttft_s is not None]),
         "prompt_tokens_max": max(r.prompt_tokens for r in reqs),
         "counters": cnt, "saves": C.save_rates(cnt, wall),
-        "requests_detail": [dict(r.to_json(), agent=i, turn=j) for i, rs in enumerate(per) for j, r in enumerate(rs)],
+        "requests_detail": detail, "turn_spans_s": turn_spans(detail),
     }
+
+
+def turn_spans(detail: list[dict[str, Any]]) -> list[float]:
+    """Per turn, the seconds from the end of the turn before it (the point's start, for the first) until the last
+    answered request of the turn ended. Agents overlap turns, so this is each turn's share of the point's wall time.
+    The first turn is a cold prefill in every arm; the later ones are what a cache changes."""
+    ends: dict[int, float] = {}
+    for r in detail:
+        if r.get("ok") and r.get("latency_s") is not None:
+            ends[r["turn"]] = max(ends.get(r["turn"], 0.0), r["started_s"] + r["latency_s"])
+    spans, prev = [], 0.0
+    for turn in sorted(ends):
+        spans.append(round(ends[turn] - prev, 2))
+        prev = ends[turn]
+    return spans
+
+
+def later_turns_s(pt: dict[str, Any]) -> float | None:
+    """The mean span of a point's turns after the first (None with fewer than two turns); for results written before
+    ``turn_spans_s`` existed, taken from ``requests_detail``."""
+    spans = pt.get("turn_spans_s")
+    if spans is None:
+        spans = turn_spans(pt.get("requests_detail", []))
+    return sum(spans[1:]) / (len(spans) - 1) if len(spans) > 1 else None
 
 
 def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
@@ -100,7 +125,9 @@ def _arm(run: C.Run, arm: str, kv: dict[str, Any] | None) -> dict[str, Any]:
 def ratios(arms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per agent count, the connector arm's mean tokens/s per agent over the other arms' in the same run (issue #7
     goals: >= 6x the baseline at 8 agents, <= 2% cost at 1 agent, >= 0.8x the CPU tier where it holds the working
-    set); ``adp_failed`` counts its failed requests. Empty unless the adp arm ran."""
+    set); ``adp_failed`` counts its failed requests. ``later_turns_vs_<arm>``: the other arm's mean turn span after
+    the first turn over the connector arm's (about what the ratio tends to with more turns, the cold first turn
+    being the same in every arm). Empty unless the adp arm ran."""
     adp = arms.get("adp", {})
     if not adp.get("available"):
         return []
@@ -113,6 +140,11 @@ def ratios(arms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             ref = pts.get(pt["agents"])
             if ref and ref["agent_tps_mean"]:
                 row[f"vs_{arm}"] = round(pt["agent_tps_mean"] / ref["agent_tps_mean"], 3)
+        for arm, pts in others.items():
+            ref = pts.get(pt["agents"])
+            ours, theirs = later_turns_s(pt), ref and later_turns_s(ref)
+            if ours and theirs:
+                row[f"later_turns_vs_{arm}"] = round(theirs / ours, 3)
         out.append(row)
     return out
 
@@ -128,6 +160,8 @@ def main(args: argparse.Namespace) -> int:
         f"TTFT p95 {pt['ttft_s']['p95']}  ext hits {pt['counters']['external_prefix_cache_hits']:.0f}  "
         f"failed {pt['failed']}" + C.save_line(pt) + C.hook_line(pt)))
     for r in result["ratios"]:
+        later = "  ".join(f"{k[15:]} {v:.2f}x" for k, v in r.items() if k.startswith("later_turns_vs_"))
         print(f"adp / other arms at {r['agents']:3} agents: "
-              + "  ".join(f"{k[3:]} {v:.2f}x" for k, v in r.items() if k.startswith("vs_")))
+              + "  ".join(f"{k[3:]} {v:.2f}x" for k, v in r.items() if k.startswith("vs_"))
+              + (f"  (turns after the first: {later})" if later else ""))
     return rc

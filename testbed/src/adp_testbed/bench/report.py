@@ -150,6 +150,15 @@ def _agents(result: dict[str, Any], out: Path, plt: Any) -> tuple[list[str], lis
                          f"| {pt['below_floor_share']:.0%} | {_fmt(pt['ttft_s']['p50'])} | {_fmt(pt['ttft_s']['p95'])} "
                          f"| {pt['counters']['external_prefix_cache_hits']:.0f} | "
                          f"{pt['counters']['prefix_cache_hits']:.0f} | {pt['failed']} |")
+    spans = [(arm, pt["agents"], pt["turn_spans_s"]) for arm, a in arms.items() for pt in a["points"]
+             if len(pt.get("turn_spans_s", [])) > 1]
+    if spans:
+        lines += ["", "Each turn's share of the point's wall time: from the end of the turn before it until its last "
+                  "request ended. The first turn is a cold prefill in every arm.", "",
+                  "| arm | agents | first turn (s) | each later turn (s) | later turns' mean (s) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {arm} | {n} | {_fmt(s[0], 1)} | {' / '.join(_fmt(x, 1) for x in s[1:])} | "
+                  f"{_fmt(sum(s[1:]) / (len(s) - 1), 1)} |" for arm, n, s in spans]
     pngs = []
     if plt is not None and arms:
         fig = agents_figure(result, plt)
