@@ -663,6 +663,8 @@ def test_turn_spans_split_the_points_wall_time_by_turn(tmp_path: Path) -> None:
     del adp["points"][0]["turn_spans_s"]  # an older result: taken from requests_detail
     rows = agents.ratios({"baseline": base, "adp": adp})
     assert rows[0]["later_turns_vs_baseline"] == 3.0  # 30 s a later turn against 10
+    assert agents.ratio_line(rows[0]) == ("adp / other arms at   2 agents: baseline 2.00x  "
+                                          "(turns after the first: baseline 3.00x)")
     adp["points"][0]["turn_spans_s"] = agents.turn_spans(fast)
     res["arms"]["adp"], res["ratios"] = adp, rows
     md = report.write_report(res, tmp_path).read_text()

@@ -160,8 +160,15 @@ def main(args: argparse.Namespace) -> int:
         f"TTFT p95 {pt['ttft_s']['p95']}  ext hits {pt['counters']['external_prefix_cache_hits']:.0f}  "
         f"failed {pt['failed']}" + C.save_line(pt) + C.hook_line(pt)))
     for r in result["ratios"]:
-        later = "  ".join(f"{k[15:]} {v:.2f}x" for k, v in r.items() if k.startswith("later_turns_vs_"))
-        print(f"adp / other arms at {r['agents']:3} agents: "
-              + "  ".join(f"{k[3:]} {v:.2f}x" for k, v in r.items() if k.startswith("vs_"))
-              + (f"  (turns after the first: {later})" if later else ""))
+        print(ratio_line(r))
     return rc
+
+
+def ratio_line(row: dict[str, Any]) -> str:
+    """One row of :func:`ratios` as printed after the points."""
+    def some(prefix: str) -> str:
+        return "  ".join(f"{k.removeprefix(prefix)} {v:.2f}x" for k, v in row.items() if k.startswith(prefix))
+
+    later = some("later_turns_vs_")
+    return (f"adp / other arms at {row['agents']:3} agents: {some('vs_')}"
+            + (f"  (turns after the first: {later})" if later else ""))
