@@ -33,6 +33,8 @@
 #   L  the restore path over 16 GB at 8, 12 and 16 helpers, splice reads: the landing across staging on this host
 #   H  8 agents at 64k-token histories (~73 GB of KV, over the equal 64 GiB budgets), three arms: the equal-budget
 #      gate's 8-agent point at a shape whose ceiling is above 3x (40k histories: 21.8 / 8.3 = 2.6x with no eviction)
+#   M  L's 12 helpers with a staging of 16 slabs of 2 MiB (in the host's cache): run 29, no cheaper in all
+#   N  8 agents at 96k-token histories (~106 GB of KV over the equal 64 GiB budgets: 8 agents evict), 3 arms, 3 turns
 #   K  the sweep with 16k-token documents to 128 users (8k documents: a restore saves a third of a prefill)
 #   W  R with two more warm engines at 24 and 48 restore batches in flight (the default is 96) and each prompt's
 #      restore phases (stats_path): where run 28's 70-120 ms beyond the restore path's own rate go
@@ -185,6 +187,12 @@ gdn+corrupt-states mamba+corrupt-states dsa+corrupt mla+corrupt swa+corrupt dens
     # recompute grows faster with the history than a decode does); ~10 min (an estimate)
     H) BENCH_ARGS="--agents 8 --history-len 64000 --turns 4 --max-model-len 80000 \
 --arms baseline,cpu-offload,adp --target-workers 8 --card-bytes 64G --offload-bytes 64G" $v agents $R/H ;;
+    # issue 14's equal-budget gate at 8 agents sized so that 8 agents evict: 96k-token histories, ~106 GB of KV over
+    # the 64 GiB card and CPU tier (run 29's 64k histories, ~72 GB, barely did: both tiers held them all and the GPU
+    # cache's decodes set the pace). Which histories each tier keeps decides it, as at 16 agents (run 16: 1.58x);
+    # 3 turns to keep it near 14 min (an estimate from run 29's 64k point)
+    N) BENCH_ARGS="--agents 8 --history-len 96000 --turns 3 --max-model-len 110000 \
+--arms baseline,cpu-offload,adp --target-workers 8 --card-bytes 64G --offload-bytes 64G" $v agents $R/N ;;
     # issue 14's sweep with 16k-token documents (16 of them, ~34 GB, on a 96 GiB card), 2 requests per user to keep the
     # baseline's top point near 4 min; ~12 min (an estimate)
     K) BENCH_ARGS="--users 1,16,64,128 --requests-per-user 2 --contexts 16 --context-len 16000 --arms baseline,adp \
