@@ -136,13 +136,14 @@ def ratios(arms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for pt in adp["points"]:
         row: dict[str, Any] = {"agents": pt["agents"], "adp_failed": pt["failed"]}
+        ours = later_turns_s(pt)
         for arm, pts in others.items():
             ref = pts.get(pt["agents"])
-            if ref and ref["agent_tps_mean"]:
+            if ref is None:
+                continue
+            if ref["agent_tps_mean"]:
                 row[f"vs_{arm}"] = round(pt["agent_tps_mean"] / ref["agent_tps_mean"], 3)
-        for arm, pts in others.items():
-            ref = pts.get(pt["agents"])
-            ours, theirs = later_turns_s(pt), ref and later_turns_s(ref)
+            theirs = later_turns_s(ref)
             if ours and theirs:
                 row[f"later_turns_vs_{arm}"] = round(theirs / ours, 3)
         out.append(row)

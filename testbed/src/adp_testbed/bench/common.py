@@ -150,9 +150,12 @@ class Run:
                                f"every thread: choose one")
         if self.profile and SV.py_spy() is None:
             raise O.UsageError(f"testbed bench {scenario}: --profile needs py-spy (pip install py-spy)")
-        if args.target and "adp" in self.arms:  # unreachable, or holding other data: said now, not after the others
+        self.card_at: tuple[str, int] | None = None  # --target's address, the adp arm's card
+        if args.target:
             host, _, port = args.target.rpartition(":")
-            self._check_card(host, int(port))
+            self.card_at = (host, int(port))
+            if "adp" in self.arms:  # unreachable, or holding other data: said now, not after the other arms
+                self._check_card(host, int(port))
         self.card_bytes = args.card_bytes or run["target_capacity_bytes"]  # the local emulator's card
         self.card_note: str | None = None  # why the card is not the size asked for, if it is not
         if "adp" in self.arms and not args.target:
@@ -233,11 +236,10 @@ class Run:
             yield SV.offload_config(n, opts), f"vLLM OffloadingConnector, CPU tier of {n} bytes{given}"
             return
         opts = dict(self.args.connector_opt)
-        if self.args.target:
-            host, _, port = self.args.target.rpartition(":")  # checked in __init__, before any arm ran
+        if self.card_at is not None:  # checked in __init__, before any arm ran
             if getattr(self.args, "yes_destroy", False):  # the connector refuses foreign data without it
                 opts.setdefault("format_card", True)
-            yield SV.connector_config(host, int(port), self.args.nqn, namespace_extra=self.run_id, **opts), \
+            yield SV.connector_config(*self.card_at, self.args.nqn, namespace_extra=self.run_id, **opts), \
                 f"external {self.args.target} {self.args.nqn or '(discovery)'}"
             return
         with contextlib.ExitStack() as stack:
