@@ -35,6 +35,15 @@ def _setup(max_inflight: int | None):
     return kv, pipe, _Store()
 
 
+def _taken(pipe: RestorePipeline) -> None:
+    """Wait until the driver applied the caller's queued calls (a start returns before its batches are submitted)."""
+    deadline = time.monotonic() + 5.0
+    while pipe._inbox and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with pipe._lock:  # the pass that took them has ended
+        pass
+
+
 def _job(rid: str, first_page: int, n: int, first_block: int) -> LoadJob:
     return LoadJob(rid, [(0, first_block + i, bytes([first_page + i]) * 8) for i in range(n)], [], t0=time.monotonic())
 
@@ -278,6 +287,7 @@ def test_the_callers_poll_does_not_wait_while_the_driver_holds_the_pipeline(driv
         pipe.run_driver(lambda: store)
     try:
         pipe.start(_job("A", 0, 2, 0), store)
+        _taken(pipe)
         first, waited = _poll_while_held(pipe, store, 0.3)
         for b in store.batches:
             b.land()
@@ -304,6 +314,7 @@ def test_a_poll_waits_for_the_drivers_pass_when_a_restore_is_finished(flag: bool
     pipe.run_driver(lambda: store)
     try:
         pipe.start(_job("A", 0, 2, 0), store)
+        _taken(pipe)
         for b in store.batches:
             b.land()
         deadline = time.monotonic() + 5.0  # the driver copies the landed batches into place
@@ -345,6 +356,7 @@ def test_a_slab_given_back_by_a_save_feeds_a_waiting_restore_at_once(monkeypatch
         pipe.pool.on_give = None
     try:
         pipe.start(_job("A", 10, 2, 0), store)
+        _taken(pipe)
         assert store.batches == [] and pipe.wants_staging
         time.sleep(0.2)  # the driver is in its idle wait
         pipe.pool.give(held.pop())  # a save's slab written and back
@@ -423,3 +435,112 @@ def test_restore_phases_put_the_copy_and_the_step_wait_apart() -> None:
                                          "slab_wait": 0.75}
     job.first_slab_t = job.landed_t = job.placed_t = None  # never got a slab (finished by failing elsewhere)
     assert restore_phases(job, 13.0) == {"queued": 3.0, "io": 0.0, "copy": 0.0, "step_wait": 0.0, "slab_wait": 0.75}
+
+
+def _call_while_held(pipe: RestorePipeline, call, hold_s: float) -> float:
+    """Run ``call`` while another thread holds the pipeline (as a driver's pass does) for ``hold_s``: how long it
+    took."""
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with pipe._lock:
+            held.set()
+            release.wait(5.0)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(5.0)
+        threading.Timer(hold_s, release.set).start()
+        t0 = time.monotonic()
+        call()
+        return time.monotonic() - t0
+    finally:
+        release.set()
+        holder.join()
+
+
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "control-no-driver"])
+def test_with_the_driver_the_callers_start_waits_for_no_pass(driver: bool) -> None:
+    """vLLM's engine thread starts restores and read-aheads every step; with the driver it only queues them and
+    the driver applies them in the order given (a dropped read-ahead, then a restore, then a new read-ahead), so the
+    engine never waits for a driver's pass nor submits batches (GPU run 30: ``start_load_kv`` 7.2 s of an 83 s
+    point). The control: without the driver the same calls wait for whoever holds the pipeline."""
+    kv, pipe, store = _setup(max_inflight=None)
+    pipe.ahead_max_bytes = 8 * PAGE
+    pipe.read_ahead("B", [(0, bytes([20 + i]) * 8) for i in range(2)], store)
+    if driver:
+        pipe.run_driver(lambda: store)
+    try:
+        def calls() -> None:
+            pipe.drop_read_ahead("B")
+            pipe.start(_job("A", 10, 2, 0), store)
+            pipe.read_ahead("C", [(0, bytes([30 + i]) * 8) for i in range(2)], store)
+
+        took = _call_while_held(pipe, calls, 0.3)
+        _taken(pipe)
+        assert [j.req_id for j in pipe.jobs] == ["A", "C"] and "B" not in pipe._ahead
+        assert store.submitted() == [20, 10, 30]  # B's read-ahead went first; its slab then went to A
+        for b in store.batches:
+            b.land()
+        done = _poll_until_done(pipe, store, [])
+    finally:
+        pipe.stop_driver()
+    if driver:
+        assert took < 0.1, took
+    else:
+        assert took >= 0.25, took
+    assert [(j.req_id, j.failed) for j in done] == [("A", "")] and kv[:2, 0].tolist() == [10, 11]
+
+
+@pytest.mark.parametrize("read_ahead", [False, True], ids=["started", "taking-over-a-read-ahead"])
+def test_a_start_the_driver_cannot_apply_fails_its_restore(read_ahead: bool) -> None:
+    """A restore whose start raises in the driver (here the store refuses the read notice) fails with a cause and
+    finishes at a poll, so its request recomputes instead of waiting for a restore nobody runs; a read-ahead it was
+    taking over (one of its two pages; the job holds its batch by then) gives its slab back."""
+    _, pipe, store = _setup(max_inflight=None)
+    if read_ahead:
+        pipe.ahead_max_bytes = 8 * PAGE
+        pipe.read_ahead("A", [(0, bytes([10]) * 8)], store)
+        store.land_all()
+
+    def refuse(keys: list[bytes]) -> None:
+        raise RuntimeError("helper went away")
+
+    store.note_reading = refuse  # type: ignore[method-assign]
+    pipe.run_driver(lambda: store)
+    try:
+        pipe.start(_job("A", 10, 2, 0), store)
+        _taken(pipe)
+        done = _poll_until_done(pipe, store, [])
+    finally:
+        pipe.stop_driver()
+    assert [j.req_id for j in done] == ["A"] and done[0].cause is Cause.SUBMIT_FAILED
+    assert "helper went away" in done[0].failed
+    assert pipe.jobs == [] and pipe._ahead == {}
+    assert len(pipe.pool._free) == len(pipe.pool._slabs) == (1 if read_ahead else 0)  # every slab taken is back
+
+
+@pytest.mark.parametrize("stop", [True, False], ids=["stop_driver", "control-thread-ended-only"])
+def test_stopping_the_driver_applies_what_it_had_not_taken(stop: bool) -> None:
+    """A start queued for a driver that never took it (here held in its start-up hook) is applied by stop_driver,
+    not lost. The control: the driver thread ended without stop_driver, and the start was never applied."""
+    import threading
+
+    _, pipe, store = _setup(max_inflight=None)
+    gate = threading.Event()
+    pipe.run_driver(lambda: store, on_start=lambda: gate.wait(5.0))
+    thread = pipe._driver
+    assert thread is not None
+    pipe.start(_job("A", 10, 2, 0), store)
+    if stop:
+        pipe.stop_driver(timeout=0.2)  # the driver is still in its hook: the join times out
+    else:
+        pipe._stopping = True
+        pipe._wake.set()
+    gate.set()
+    thread.join(5.0)
+    assert [j.req_id for j in pipe.jobs] == (["A"] if stop else [])
+    assert store.submitted() == ([10] if stop else [])
