@@ -245,9 +245,9 @@ def test_with_the_driver_the_callers_poll_launches_no_copy(driver: bool) -> None
     assert threads and set(threads) == {"adpkv-restore" if driver else threading.current_thread().name}, threads
 
 
-def _poll_while_held(pipe: RestorePipeline, store: _Store, hold_s: float) -> tuple[list[LoadJob], float]:
-    """Poll while another thread holds the pipeline (as a driver's pass does) for ``hold_s``: what the poll returned
-    and how long it took."""
+def _call_while_held(pipe: RestorePipeline, call, hold_s: float) -> float:
+    """Run ``call`` while another thread holds the pipeline (as a driver's pass does) for ``hold_s``: how long it
+    took."""
     import threading
 
     held, release = threading.Event(), threading.Event()
@@ -263,11 +263,18 @@ def _poll_while_held(pipe: RestorePipeline, store: _Store, hold_s: float) -> tup
         held.wait(5.0)
         threading.Timer(hold_s, release.set).start()
         t0 = time.monotonic()
-        got = pipe.poll(store)
-        return got, time.monotonic() - t0
+        call()
+        return time.monotonic() - t0
     finally:
         release.set()
         holder.join()
+
+
+def _poll_while_held(pipe: RestorePipeline, store: _Store, hold_s: float) -> tuple[list[LoadJob], float]:
+    """Poll while another thread holds the pipeline for ``hold_s``: what the poll returned and how long it took."""
+    got: list[LoadJob] = []
+    took = _call_while_held(pipe, lambda: got.extend(pipe.poll(store)), hold_s)
+    return got, took
 
 
 def _poll_until_done(pipe: RestorePipeline, store: _Store, first: list[LoadJob]) -> list[LoadJob]:
@@ -435,31 +442,6 @@ def test_restore_phases_put_the_copy_and_the_step_wait_apart() -> None:
                                          "slab_wait": 0.75}
     job.first_slab_t = job.landed_t = job.placed_t = None  # never got a slab (finished by failing elsewhere)
     assert restore_phases(job, 13.0) == {"queued": 3.0, "io": 0.0, "copy": 0.0, "step_wait": 0.0, "slab_wait": 0.75}
-
-
-def _call_while_held(pipe: RestorePipeline, call, hold_s: float) -> float:
-    """Run ``call`` while another thread holds the pipeline (as a driver's pass does) for ``hold_s``: how long it
-    took."""
-    import threading
-
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with pipe._lock:
-            held.set()
-            release.wait(5.0)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        held.wait(5.0)
-        threading.Timer(hold_s, release.set).start()
-        t0 = time.monotonic()
-        call()
-        return time.monotonic() - t0
-    finally:
-        release.set()
-        holder.join()
 
 
 @pytest.mark.parametrize("driver", [True, False], ids=["driver", "control-no-driver"])
