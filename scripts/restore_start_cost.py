@@ -118,16 +118,17 @@ def main() -> int:
             if not a.no_driver:
                 pipe.run_driver(lambda: group)
 
-            def timed(name: str, fn: Any, *args: Any) -> None:
+            def timed(name: str, fn: Any, *args: Any) -> Any:
                 s = time.perf_counter()
-                fn(*args)
+                out = fn(*args)
                 calls[name].append(time.perf_counter() - s)
+                return out
 
             cpu0, t0 = os.times(), time.perf_counter()
             ring = a.slabs * a.batch_pages
             for rnd in range(a.rounds):
-                waiting, ahead_at, step = list(range(a.requests)), {}, 0
-                while waiting or ahead_at or pipe.jobs:
+                waiting, ahead_at, step, running = list(range(a.requests)), {}, 0, 0
+                while waiting or ahead_at or running:
                     if waiting and step % 3 == 0:
                         r = waiting.pop(0)
                         rid = f"r{rnd}-{r}"
@@ -140,7 +141,8 @@ def main() -> int:
                                           time.monotonic())
                             timed("start", pipe.start, job, group)
                             del ahead_at[rid]
-                    timed("poll", pipe.poll, group)
+                            running += 1
+                    running -= len(timed("poll", pipe.poll, group))
                     time.sleep(a.step_ms / 1e3)
                     step += 1
             wall = time.perf_counter() - t0

@@ -241,12 +241,13 @@ def restore_point(group: Store, arena: SharedArena, keys: list[bytes], page: int
             part = keys[j0:j0 + each]
             job = LoadJob(f"bench-{j0}", [(0, (j0 + i) % ring, k) for i, k in enumerate(part)], [], time.monotonic())
             s0 = time.perf_counter()
-            pipe.start(job, group)
-            while pipe.jobs:
+            pipe.start(job, group)  # with the driver thread: queued for it, applied in its next pass
+            finished: list[LoadJob] = []
+            while not finished:
                 if driver == "thread":
                     time.sleep(step_s)
-                    pipe.poll(group)
-                elif not pipe.poll(group):
+                    finished = pipe.poll(group)
+                elif not (finished := pipe.poll(group)):
                     time.sleep(0.0002)
             if into == "gpu":
                 torch.cuda.synchronize()
