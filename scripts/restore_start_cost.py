@@ -23,10 +23,7 @@ import sys
 import time
 from typing import Any
 
-import torch
-
 from adp_connector.nvmeof.host import Controller, HostConfig
-from adp_connector.pipeline import Counters, LoadJob, RestorePipeline, StagingPool
 from adp_connector.store import PageStore, StoreConfig
 from adp_connector.store.keys import KeyNamespace
 from adp_connector.store.process import SharedArena, StoreGroup
@@ -72,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     a = build_parser().parse_args()
+    import torch  # the restore pipeline stages through torch tensors (not needed to read the options)
+
+    from adp_connector.pipeline import Counters, LoadJob, RestorePipeline, StagingPool
+
     if min(a.pages, a.requests, a.rounds, a.page_kib, a.batch_pages, a.slabs, a.helpers) < 1 or a.step_ms <= 0:
         print("error: every count must be >= 1 and --step-ms > 0", file=sys.stderr)
         return 2
