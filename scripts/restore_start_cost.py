@@ -27,22 +27,9 @@ from adp_connector.nvmeof.host import Controller, HostConfig
 from adp_connector.store import PageStore, StoreConfig
 from adp_connector.store.keys import KeyNamespace
 from adp_connector.store.process import SharedArena, StoreGroup
-from adp_testbed.bench.restore import save_point, wait_arena_populated
+from adp_testbed.bench.restore import DiscardSink, save_point, wait_arena_populated
 from adp_testbed.hostinfo import host_info
 from adp_testbed.targets import LocalTarget
-
-
-class _HostSink:
-    """Restored pages stay in staging: the pipeline's orchestration and I/O alone are measured."""
-
-    def scatter(self, gid: int, block_ids: list[int], pages: Any) -> None:
-        return None
-
-    def gather(self, gid: int, block_ids: list[int]) -> Any:
-        raise NotImplementedError
-
-    def zero(self, gid: int, block_id: int) -> None:
-        return None
 
 
 def _summary(xs: list[float]) -> dict[str, float]:
@@ -106,7 +93,7 @@ def main() -> int:
             wait_arena_populated(group, len(group.pids))
             host = torch.frombuffer(arena.map, dtype=torch.int8)[:a.batch_pages * page * a.slabs]
             pool = StagingPool(a.batch_pages * page, 0, pinned=False, arena=host)
-            pipe = RestorePipeline(_HostSink(), pool, {0: page}, Counters(), timeout_s=3600.0)
+            pipe = RestorePipeline(DiscardSink(), pool, {0: page}, Counters(), timeout_s=3600.0)
             pipe.ahead_max_bytes = a.batch_pages * page * a.slabs // 2
             passes = [0]
             move = pipe._move

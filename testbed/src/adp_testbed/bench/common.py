@@ -155,7 +155,7 @@ class Run:
             host, _, port = args.target.rpartition(":")
             self.card_at = (host, int(port))
             if "adp" in self.arms:  # unreachable, or holding other data: said now, not after the other arms
-                self._check_card(host, int(port))
+                self._check_card(*self.card_at)
         self.card_bytes = args.card_bytes or run["target_capacity_bytes"]  # the local emulator's card
         self.card_note: str | None = None  # why the card is not the size asked for, if it is not
         if "adp" in self.arms and not args.target:

@@ -164,7 +164,7 @@ def cpu_split(pids: list[int]) -> tuple[float, float]:
     return user, system
 
 
-class _Discard:
+class DiscardSink:
     """``--into host``: restored pages stay in the staging slab (the pipeline's I/O alone is measured)."""
 
     def scatter(self, gid: int, block_ids: list[int], pages: Any) -> None:
@@ -227,7 +227,7 @@ def restore_point(group: Store, arena: SharedArena, keys: list[bytes], page: int
     host = torch.frombuffer(arena.map, dtype=torch.int8)[:slab * slabs]
     pool = StagingPool(slab, 0, pinned=into == "gpu", arena=host)
     ring = slabs * per_batch
-    sink: Any = gpu_sink(ring, page, layers) if into == "gpu" else _Discard()
+    sink: Any = gpu_sink(ring, page, layers) if into == "gpu" else DiscardSink()
     counters = Counters()
     pipe = RestorePipeline(sink, pool, {0: page}, counters, timeout_s=3600.0)
     if driver == "thread":
