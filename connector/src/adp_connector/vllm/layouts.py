@@ -42,6 +42,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 
@@ -89,30 +90,30 @@ class GroupLayout:
     window_blocks: int = 0       # WINDOW/STATE: trailing blocks a hit needs
     tp_replicated: bool = False  # identical on every TP rank: store once
 
-    @property
+    @cached_property
     def persisted_layers(self) -> tuple[LayerLayout, ...]:
         return tuple(la for la in self.layers if la.persisted)
 
-    @property
+    @cached_property
     def zero_filled_layers(self) -> tuple[LayerLayout, ...]:
         """Layers left out of the page (drafter layers not stored): a restore zero-fills them."""
         return tuple(la for la in self.layers if not la.persisted)
 
-    @property
+    @cached_property
     def stores_drafter(self) -> bool:
         """Some drafter layer's KV is in the page: a hit must end where the next page is stored too."""
         return any(la.persisted and la.role is LayerRole.DRAFTER for la in self.layers)
 
-    @property
+    @cached_property
     def page_bytes(self) -> int:
         """Bytes of one page of this group."""
         return sum(la.page_bytes for la in self.persisted_layers)
 
-    @property
+    @cached_property
     def persists(self) -> bool:
         return self.kind not in (GroupKind.VOLATILE, GroupKind.UNSUPPORTED) and self.page_bytes > 0
 
-    @property
+    @cached_property
     def descriptor(self) -> str:
         """Canonical text of everything that shapes the page bytes (part of the key namespace)."""
         parts = [f"{self.kind.value}", f"spec={self.spec_name}", f"bs={self.block_size}"]
