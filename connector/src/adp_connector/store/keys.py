@@ -20,6 +20,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 KEY_BYTES = 32
 _NS_TAG = b"ADPKV-namespace-v1"
@@ -41,6 +42,11 @@ class PageKey(bytes):
 
     def __repr__(self) -> str:
         return f"PageKey({self.hex()[:16]}...)"
+
+
+def _digest_key(digest: bytes) -> PageKey:
+    """A :class:`PageKey` of a digest known to be KEY_BYTES long (no copy, no check: derivations run per block)."""
+    return bytes.__new__(PageKey, digest)
 
 
 def _field(name: str, value: str | int) -> bytes:
@@ -113,13 +119,18 @@ class KeyNamespace:
             out.append(PageKey(prev))
         return out
 
+    @cached_property
+    def _bhash_state(self) -> Any:
+        """The keyed BLAKE2b state every block-hash key starts from (a copy costs less than keying it again)."""
+        return hashlib.blake2b(digest_size=KEY_BYTES, key=self.digest, person=_PERSON_BHASH)
+
     def key_for_block_hash(self, block_hash: bytes) -> PageKey:
         """Key of a page identified by an opaque, already-chained block hash (e.g. vLLM's BlockHash)."""
         bh = bytes(block_hash)
-        h = hashlib.blake2b(digest_size=KEY_BYTES, key=self.digest, person=_PERSON_BHASH)
+        h = self._bhash_state.copy()
         h.update(struct.pack("<Q", len(bh)))
         h.update(bh)
-        return PageKey(h.digest())
+        return _digest_key(h.digest())
 
     def keys_for_block_hashes(self, block_hashes: Iterable[bytes]) -> list[PageKey]:
         """:meth:`key_for_block_hash` over a sequence."""
