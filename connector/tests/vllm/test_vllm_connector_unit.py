@@ -182,6 +182,24 @@ def test_save_lookup_restore_then_corruption_recomputes(halves: Any) -> None:
 
 
 @native_contract
+def test_a_restore_plan_names_the_keys_its_lookup_derived(halves: Any) -> None:
+    """The plan reuses the lookup's keys (a long prompt has thousands): they equal a fresh derivation. Control: a key
+    planted in the lookup's cache before the plan is the one planned, so the comparison covers the reused keys."""
+    _, sched, worker, _ = halves
+    hashes = _cold_save(sched, worker)
+    side = sched.scheduler_side
+    g = side.layouts[0]
+    _offered(sched, "r2", hashes, 13, [5, 6, 7, 8], hit=12)
+    planned = [k for _, _, k in side._meta_loads["r2"]]
+    assert planned == [bytes(side.namer.key(g, hashes, j)) for j in range(3)]
+    r3 = _request("r3", hashes, 13)
+    assert sched.get_num_new_matched_tokens(r3, 0) == (12, True)
+    side._key_cache["r3"][g.group_id][1] = b"\x00" * 32
+    sched.update_state_after_alloc(r3, SimpleNamespace(get_block_ids=lambda: ([9, 10, 11, 12],)), 12)
+    assert [k for _, _, k in side._meta_loads["r3"]][1] == b"\x00" * 32
+
+
+@native_contract
 def test_unreachable_target_means_no_cache() -> None:
     cfg = _vllm_config(1)  # nothing listens on port 1
     cfg.kv_transfer_config.kv_connector_extra_config.update(connect_timeout_s=0.2)

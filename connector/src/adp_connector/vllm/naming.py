@@ -108,9 +108,13 @@ class PageNamer:
             return None
         h = bytes(block_hashes[k])
         key = self._derive(group.group_id, h)
-        if hashes_out is not None and self.tp_size > 1 and not group.tp_replicated:
+        if hashes_out is not None and self.sends_hashes(group):
             hashes_out[bytes(key)] = h
         return key
+
+    def sends_hashes(self, group: GroupLayout) -> bool:
+        """Whether ``group``'s keys go to the workers with their block hashes (each TP rank derives its own key)."""
+        return self.tp_size > 1 and not group.tp_replicated
 
     def rank_key(self, gid: int, key: bytes, block_hashes: dict[bytes, bytes]) -> bytes | None:
         """This worker's key for a page the scheduler named by rank 0's key (the same key when the group is

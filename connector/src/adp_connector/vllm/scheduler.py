@@ -218,7 +218,11 @@ class SchedulerSide:
         zero: list[tuple[int, int]] = []
         fail_blocks: list[int] = []  # every block the restore fills (a failure must name at least one)
         why = ""  # the first reason the restore cannot be planned (empty: it can)
+        looked_up = self._key_cache.get(rid, {})
         for g in self.layouts:
+            # the lookup derived these keys (a long prompt: thousands); a key that goes with its block hash is named
+            # again below, which records the hash for the workers
+            known = {} if self.namer.sends_hashes(g) else looked_up.get(g.group_id, {})
             ids = block_ids[g.group_id] if g.group_id < len(block_ids) else []
             nblk = hit // g.block_size
             st.saved_blocks[g.group_id] = max(st.saved_blocks.get(g.group_id, 0), nblk)
@@ -241,11 +245,14 @@ class SchedulerSide:
                     if (g.kind in PREFIX_KINDS or g.kind is GroupKind.STATE) and not why:
                         why = f"group {g.group_id} ({g.kind.value}) has no block for its block {j}"
                     continue
-                key = self.namer.key(g, request.block_hashes, j, self._meta_hashes)
+                key = known.get(j)
                 if key is None:
-                    why = why or f"group {g.group_id} block {j} has no key (its block hash is not known yet)"
-                    continue
-                pages.append((g.group_id, bid, bytes(key)))
+                    derived = self.namer.key(g, request.block_hashes, j, self._meta_hashes)
+                    if derived is None:
+                        why = why or f"group {g.group_id} block {j} has no key (its block hash is not known yet)"
+                        continue
+                    key = bytes(derived)
+                pages.append((g.group_id, bid, key))
                 if g.zero_filled_layers:
                     zero.append((g.group_id, bid))
         if why or not pages:
