@@ -192,7 +192,7 @@ def _legacy_saves(mamba: GroupLayout, mamba_table: list[int], n_sched: int) -> l
 
     attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
     cfg = ADPConfig()  # the defaults: saves and loads on, one block is a hit
-    namer = SimpleNamespace(hash_block_size=16,
+    namer = SimpleNamespace(hash_block_size=16, sends_hashes=lambda g: False,
                             key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode()
                             if j < len(hashes) else None)
     link = SimpleNamespace(store=SimpleNamespace(contains=lambda keys: [False] * len(keys)))
@@ -221,7 +221,8 @@ def _planned_restore(mamba: GroupLayout, mamba_ids: list[int]) -> list[tuple[int
 
     attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
     cfg = ADPConfig()  # the defaults: saves and loads on, one block is a hit
-    namer = SimpleNamespace(hash_block_size=16, key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode())
+    namer = SimpleNamespace(hash_block_size=16, sends_hashes=lambda g: False,
+                            key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode())
     link = SimpleNamespace(store=SimpleNamespace(contains=lambda keys: [True] * len(keys)))
     side = SchedulerSide(cfg, [attn, mamba], namer, link, Counters(), legacy=True)  # type: ignore[arg-type]
     req = SimpleNamespace(request_id="r", block_hashes=["h0", "h1", "h2", "h3"], num_tokens=64, num_computed_tokens=0,
@@ -290,7 +291,8 @@ def test_restore_policy_counts_the_other_requests_on_the_gpu() -> None:
     from adp_connector.pipeline.policy import MIN_SAMPLES
 
     attn = GroupLayout(0, GroupKind.FULL, "FullAttentionSpec", 16, (LayerLayout("a", LayerRole.KV, 64),))
-    namer = SimpleNamespace(hash_block_size=16, key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode())
+    namer = SimpleNamespace(hash_block_size=16, sends_hashes=lambda g: False,
+                            key=lambda g, hashes, j, out=None: f"{g.group_id}:{hashes[j]}".encode())
     link = SimpleNamespace(store=SimpleNamespace(contains=lambda keys: [True] * len(keys)))
     side = SchedulerSide(ADPConfig(), [attn], namer, link, Counters(), legacy=True)  # type: ignore[arg-type]
     assert side.policy is not None  # auto is the default
